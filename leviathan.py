@@ -228,6 +228,7 @@ class LEV(nn.Module):
         # near 1, so that the 128-factor product starts near 1 rather than at 0 or infinity
         self.spline = nn.Parameter(1.0 + 0.1 * torch.randn(h, d, n_knots, lev_rank))  # S
         self.out_proj = nn.Parameter(torch.randn(h, lev_rank, n_embd) * 0.02 / math.sqrt(h))  # W_out
+        self.use_cache = True  # with gradients off, remember each id's embedding (False: always recompute)
         self._cache_slot = None  # (V,) row of each id in _cache_rows, -1 when not cached
         self._cache_rows = None  # (n_cached, n_embd)
         self._cache_key = None  # the parameters' identity and versions when the cache was filled
@@ -284,7 +285,8 @@ class LEV(nn.Module):
     def forward(self, idx):
         ids, inverse = torch.unique(idx.reshape(-1), return_inverse=True)  # ~800 distinct of 2,048 ids
         self.check_ids(ids[0], ids[-1])  # sorted: the extremes are enough
-        emb = self.embed_distinct(ids) if torch.is_grad_enabled() else self.cached(ids)
+        use_cache = self.use_cache and not torch.is_grad_enabled()
+        emb = self.cached(ids) if use_cache else self.embed_distinct(ids)
         return emb[inverse].view(*idx.shape, self.n_embd)
 
     def cached(self, ids):
