@@ -1,0 +1,291 @@
+"""
+Measure speed and memory of the three arms, of LEV alone, and of generation.
+
+    python bench.py                                  # CPU, the small Tiny Shakespeare config
+    python bench.py --device=cuda --compile --n_layer=6 --n_head=6 --n_embd=384 --block_size=256 --batch_size=64
+
+Three tables:
+  1. training step (forward + backward + clip + AdamW step) per arm: ms/step, tokens/s, peak memory, ratio to
+     tied. The arms are timed in the same process, interleaved step by step, so machine noise hits all alike.
+  2. LEV alone against nn.Embedding for N ids, forward + backward: the plain recipe (LEV.reference), the fast
+     path, and the one-off cost of materialising the whole V x n_embd table.
+  3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV cache, and
+     for lev with and without its per-id embedding cache.
+Batches come from data/<dataset>/train.bin when it exists (real text: a Tiny Shakespeare batch of 2,048 tokens
+holds ~800 distinct ids, which is what LEV's cost depends on), else from a Zipf(1.1) stand-in, said so.
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from leviathan import EMBEDDINGS, GPT, LEV, Config
+
+ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast dtype on CUDA (auto: bfloat16 when supported); CPU always runs float32")
+    p.add_argument("--compile", action="store_true", help="torch.compile the models")
+    p.add_argument("--embedding", default=ARMS_DEFAULT, help=f"comma-separated arms, from {', '.join(EMBEDDINGS)}")
+    p.add_argument("--tables", default="train,lev,gen", help="which tables to run: train, lev, gen")
+    p.add_argument("--dataset", default="shakespeare", help="batches from data/DATASET/train.bin when it exists")
+    p.add_argument("--vocab_size", type=int, default=50257, help="V when no dataset is found")
+    p.add_argument("--n_layer", type=int, default=4)
+    p.add_argument("--n_head", type=int, default=4)
+    p.add_argument("--n_embd", type=int, default=128)
+    p.add_argument("--block_size", type=int, default=128)
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=10, help="timed training steps per arm (median reported)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
+    p.add_argument("--lev_ids", type=int, default=8192, help="N for table 2 (all distinct, random)")
+    p.add_argument("--lev_embd", type=int, default=256, help="n_embd for table 2")
+    p.add_argument("--plain_max", type=int, default=8192,
+                   help="skip the plain recipe above this N (it needs ~1.5 GB per 1,000 ids)")
+    p.add_argument("--gen_tokens", type=int, default=500)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--json", default=None, help="write every figure to this JSON file")
+    args = p.parse_args(argv)
+    args.arms = [a.strip() for a in args.embedding.split(",") if a.strip()]
+    bad = [a for a in args.arms if a not in EMBEDDINGS]
+    if bad:
+        p.error(f"unknown arm(s) {', '.join(bad)}; choose from {', '.join(EMBEDDINGS)}")
+    args.tables = set(args.tables.split(","))
+    if not args.tables <= {"train", "lev", "gen"}:
+        p.error(f"--tables={','.join(sorted(args.tables))}: choose among train, lev, gen")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device=cuda but no CUDA device is available")
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if args.device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    return args
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
+def timed(device, fn, *args):
+    """Seconds one call fn(*args) takes, the device's queue drained before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn(*args)
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def batch_source(args):
+    """(vocab_size, get_batch(generator) -> (x, y), description)."""
+    path = os.path.join("data", args.dataset, "train.bin")
+    if os.path.exists(path):
+        from prepare_data import load_meta, load_split
+
+        meta = load_meta(os.path.join("data", args.dataset))
+        data, vocab_size, what = load_split(os.path.join("data", args.dataset), "train"), meta["vocab_size"], path
+    else:
+        rng = np.random.default_rng(args.seed)
+        data = np.minimum(rng.zipf(1.1, size=1_000_000) - 1, args.vocab_size - 1)
+        vocab_size, what = args.vocab_size, f"Zipf(1.1) ids over V={args.vocab_size} ({path} not found)"
+    T = args.block_size
+
+    def get_batch(gen):
+        ix = torch.randint(len(data) - T - 1, (args.batch_size,), generator=gen).tolist()
+        x = torch.stack([torch.from_numpy(np.asarray(data[i:i + T], dtype=np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(np.asarray(data[i + 1:i + 1 + T], dtype=np.int64)) for i in ix])
+        return x.to(args.device), y.to(args.device)
+
+    return vocab_size, get_batch, what
+
+
+def build(arm, vocab_size, args):
+    torch.manual_seed(args.seed)
+    config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                    n_embd=args.n_embd, embedding=arm)
+    model = GPT(config).to(args.device)
+    optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
+    return model, optimizer
+
+
+def train_step(model, optimizer, x, y, args):
+    ctx = torch.autocast(args.device, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32")
+    with ctx:
+        _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def backbone_flops_per_token(model):
+    """6 * backbone parameters + attention's 12 * n_layer * block_size * n_embd (PaLM appendix B): the
+    backbone's forward + backward FLOPs per token, excluding the embedding and the head."""
+    c = model.config
+    return 6 * model.param_report()["backbone"] + 12 * c.n_layer * c.block_size * c.n_embd
+
+
+def peak_rss_child(arm, args, queue):
+    """In a fresh process: a few training steps of one arm, then its peak resident memory (MiB)."""
+    torch.set_num_threads(1)
+    vocab_size, get_batch, _ = batch_source(args)
+    model, optimizer = build(arm, vocab_size, args)
+    gen = torch.Generator().manual_seed(args.seed)
+    for _ in range(2):
+        train_step(model, optimizer, *get_batch(gen), args)
+    with open("/proc/self/status") as f:  # VmHWM: this process's peak RSS (ru_maxrss survives exec on Linux)
+        hwm = [line for line in f if line.startswith("VmHWM:")]
+    queue.put(int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def peak_memory_mib(arm, args, step):
+    """CUDA: max allocated over one step. CPU: peak RSS of a fresh process running this arm alone."""
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        return torch.cuda.max_memory_allocated() / 2**20
+    if args.device == "cpu":
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=peak_rss_child, args=(arm, args, queue))
+        child.start()
+        rss = queue.get()
+        child.join()
+        return rss
+    return float("nan")
+
+
+def train_table(args, results):
+    vocab_size, get_batch, what = batch_source(args)
+    print(f"\n## Training step: forward + backward + AdamW, batch {args.batch_size} x {args.block_size} tokens, "
+          f"{args.n_layer} layers x {args.n_head} heads x {args.n_embd}, {args.device} {args.dtype}"
+          f"{' compiled' if args.compile else ''}\nbatches: {what}")
+    models = {arm: build(arm, vocab_size, args) for arm in args.arms}  # arm -> (model, optimizer)
+    steppers = {arm: (torch.compile(m) if args.compile else m, opt) for arm, (m, opt) in models.items()}
+    gen = torch.Generator().manual_seed(args.seed)
+    times = {arm: [] for arm in args.arms}
+    distinct = []
+    for i in range(args.warmup + args.steps):
+        x, y = get_batch(gen)  # every arm gets the same batch
+        distinct.append(len(torch.unique(x)))
+        for arm, (model, opt) in steppers.items():
+            t = timed(args.device, train_step, model, opt, x, y, args)
+            if i >= args.warmup:
+                times[arm].append(t)
+    print(f"distinct ids per batch: {statistics.median(distinct):.0f} of {args.batch_size * args.block_size}\n")
+    print("| arm | params (input / backbone / head) | ms/step | tokens/s | peak memory (MiB) | vs tied |")
+    print("|---|---|---:|---:|---:|---:|")
+    ref = statistics.median(times["tied"]) if "tied" in times else None
+    rows = {}
+    for arm, (model, opt) in steppers.items():
+        ms = statistics.median(times[arm]) * 1000
+        mem = peak_memory_mib(arm, args, lambda m=model, o=opt: train_step(m, o, *get_batch(gen), args))
+        rep = models[arm][0].param_report()
+        ratio = ms / (ref * 1000) if ref else float("nan")
+        rows[arm] = {"params": rep, "ms_per_step": ms, "tokens_per_s": args.batch_size * args.block_size / ms * 1e3,
+                     "peak_memory_mib": mem, "over_tied": ratio}
+        print(f"| {arm} | {rep['input_embedding']:,} / {rep['backbone']:,} / {rep['head']:,} | {ms:.0f} | "
+              f"{rows[arm]['tokens_per_s']:,.0f} | {mem:,.0f} | {ratio:.3f} |")
+    if args.device == "cuda":
+        peak = 989e12  # H100/H200 dense bf16 tensor-core peak
+        for arm, row in rows.items():
+            flops = backbone_flops_per_token(models[arm][0])
+            row["backbone_mfu"] = flops * row["tokens_per_s"] / peak
+            print(f"{arm}: backbone MFU {row['backbone_mfu']:.1%} (of 989 TFLOP/s bf16)")
+    results["train"] = rows
+    if "lev" in rows and "tied" in rows:
+        results["lev_over_tied"] = rows["lev"]["over_tied"]
+
+
+def lev_table(args, results):
+    N, D, V = args.lev_ids, args.lev_embd, args.vocab_size
+    print(f"\n## LEV alone: N ids -> (N, {D}), forward + backward, V = {V:,}, {args.device}")
+    torch.manual_seed(args.seed)
+    lev = LEV(V, D).to(args.device)
+    emb = torch.nn.Embedding(V, D).to(args.device)
+    ids = torch.randperm(V, device=args.device)[:N]  # all distinct: the worst case for LEV
+    _, get_batch, what = batch_source(argparse.Namespace(**{**vars(args), "vocab_size": V}))
+    text_ids = get_batch(torch.Generator().manual_seed(args.seed))[0].flatten() % V
+
+    def fwd_bwd(fn, x):
+        fn(x).square().mean().backward()
+
+    def median_ms(repeats, fn, *fn_args):
+        fn(*fn_args)  # warm-up
+        return statistics.median(timed(args.device, fn, *fn_args) for _ in range(repeats)) * 1000
+
+    rows = {
+        f"nn.Embedding, {N:,} ids": median_ms(5, fwd_bwd, emb, ids),
+        f"LEV fast path, {N:,} distinct ids": median_ms(3, fwd_bwd, lev, ids),
+        f"nn.Embedding, a text batch ({len(text_ids):,} ids)": median_ms(5, fwd_bwd, emb, text_ids),
+        f"LEV fast path, a text batch ({len(text_ids):,} ids, {len(text_ids.unique()):,} distinct)":
+            median_ms(5, fwd_bwd, lev, text_ids),
+    }
+    if N <= args.plain_max:
+        rows[f"LEV plain recipe, {N:,} ids"] = median_ms(1, fwd_bwd, lev.reference, ids)
+    rows[f"LEV materialise the whole {V:,} x {D} table (no grad)"] = median_ms(1, lev.table)
+    print(f"text batch: {what}\n\n| what | ms |\n|---|---:|")
+    for k, v in rows.items():
+        print(f"| {k} | {v:,.1f} |")
+    results["lev"] = rows
+
+
+def gen_table(args, results):
+    vocab_size, _, _ = batch_source(args)
+    n = args.gen_tokens
+    print(f"\n## Generation: {n} new tokens, greedy, batch 1, block_size {args.block_size}, {args.device}")
+    print("| arm | KV cache | LEV cache | tokens/s |\n|---|---|---|---:|")
+    rows = []
+    for arm in args.arms:
+        model, _ = build(arm, vocab_size, args)
+        model.eval()
+        prompt = torch.zeros(1, 1, dtype=torch.long, device=args.device)
+        variants = [(True, True), (False, True)] + ([(True, False), (False, False)] if arm == "lev" else [])
+        for kv, lev_cache in variants:
+            if arm == "lev":
+                model.tok_emb.use_cache = lev_cache
+            seconds = timed(args.device, model.generate, prompt, n, 0.0, None, None, kv)
+            rows.append({"arm": arm, "kv_cache": kv, "lev_cache": lev_cache if arm == "lev" else None,
+                         "tokens_per_s": n / seconds})
+            print(f"| {arm} | {'on' if kv else 'off'} | {('on' if lev_cache else 'off') if arm == 'lev' else '-'} | "
+                  f"{n / seconds:,.0f} |")
+    results["generation"] = rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    results = {"args": {k: v if not isinstance(v, set) else sorted(v) for k, v in vars(args).items()},
+               "torch": torch.__version__, "threads": torch.get_num_threads()}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
+    if "train" in args.tables:
+        train_table(args, results)
+    if "lev" in args.tables:
+        lev_table(args, results)
+    if "gen" in args.tables:
+        gen_table(args, results)
+    if "lev_over_tied" in results:
+        print(f"\nlev_over_tied (training step time ratio): {results['lev_over_tied']:.3f}")
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=2)
+        os.replace(tmp, args.json)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
