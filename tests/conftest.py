@@ -1,0 +1,51 @@
+"""Shared fixtures: a small synthetic text and tiny prepared datasets (char-level and BPE) in tmp_path."""
+
+import os
+import random
+import sys
+
+import pytest
+import tiktoken
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the project's scripts import as modules: prepare_data, train, leviathan
+
+import prepare_data  # noqa: E402
+
+
+def make_text(n_lines=400, seed=0):
+    """Deterministic English-like lines from a small word list (about 25 characters per line)."""
+    words = "the cat sat on a mat and dog ran far to see it was not my old red hat but his".split()
+    rng = random.Random(seed)
+    return "".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))).capitalize() + ".\n"
+                   for _ in range(n_lines))
+
+
+def make_tiny_encoding():
+    """A byte-level tiktoken encoding (256 ids) built in-process: registered nowhere, needs no download."""
+    return tiktoken.Encoding(name="tiny", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
+                             mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={})
+
+
+@pytest.fixture
+def text():
+    return make_text()
+
+
+@pytest.fixture
+def tiny_encoding():
+    return make_tiny_encoding()
+
+
+@pytest.fixture
+def char_data(tmp_path, text):
+    """A prepared char-level dataset: returns the data folder (tmp_path/data); the dataset is "tiny_char"."""
+    prepare_data.prepare(text, "char", str(tmp_path / "data" / "tiny_char"), "tiny_char", "synthetic")
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def bpe_data(tmp_path, text, tiny_encoding):
+    """A prepared BPE dataset with the tiny encoding: returns the data folder; the dataset is "tiny_bpe"."""
+    prepare_data.prepare(text, tiny_encoding, str(tmp_path / "data" / "tiny_bpe"), "tiny_bpe", "synthetic")
+    return tmp_path / "data"

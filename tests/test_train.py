@@ -1,0 +1,228 @@
+"""train.py: end to end, exact resume, the same batches for every arm, DDP, and clear errors (all hermetic, CPU).
+
+Most runs call train.main in-process (importing torch once per process is the slow part here); the command line
+itself runs as a subprocess once, and DDP under torch.distributed.run once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+import leviathan
+import train
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--d_seed=16", "--n_lev_heads=2",
+        "--lev_rank=8", "--n_knots=6", "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
+        "--device=cpu"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and far faster than on several when the cores are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_train(capsys, data, out, *args, dataset="tiny_char"):
+    """train.main in-process -> (exit code, stdout, stderr)."""
+    code = train.main([f"--data_dir={data}", f"--dataset={dataset}", f"--out_dir={out}", *TINY, *args])
+    out_text, err_text = capsys.readouterr()
+    return code, out_text, err_text
+
+
+def read_log(out):
+    with open(os.path.join(out, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(out):
+    return [(r["step"], r["tokens"], r["train_loss"], r["val_loss"], r["lr"]) for r in read_log(out)]
+
+
+def weights(out):
+    return torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["model"]
+
+
+def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
+    """A few steps of Leviathan on a BPE dataset, as a user runs it (data/ and out-*/ relative to the cwd)."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--dataset=tiny_bpe", *TINY,
+                             "--max_iters=4", "--eval_interval=2"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    progress = [line for line in result.stdout.splitlines() if "ms/step" in line]
+    assert len(progress) == 4
+    assert all(key in line for line in progress for key in ("| loss ", "| lr ", "| grad norm ", "tok/s", "| ETA "))
+    out = tmp_path / "out-tiny_bpe-lev"  # the default out_dir names the dataset and the arm
+    records = read_log(out)
+    assert [r["step"] for r in records] == [0, 2, 4]
+    assert set(records[0]) == {"step", "tokens", "train_loss", "val_loss", "lr", "elapsed_s", "embedding"}
+    assert [r["tokens"] for r in records] == [0, 2 * 4 * 16, 4 * 4 * 16]
+    assert records[0]["lr"] > 0 and records[0]["embedding"] == "lev"
+    assert records[-1]["val_loss"] < records[0]["val_loss"]
+
+    model, ckpt = leviathan.load_checkpoint(str(out))  # loads with weights_only=True
+    assert ckpt["step"] == 4 and ckpt["tokens_seen"] == 4 * 4 * 16
+    assert ckpt["meta"]["tokenizer"] == "tiny" and ckpt["model_config"]["vocab_size"] == 256
+    assert ckpt["best_val_loss"] == min(r["val_loss"] for r in records)
+    assert ckpt["train_config"]["max_iters"] == 4 and ckpt["train_config"]["n_lev_heads"] == 2
+    assert set(ckpt["rng"]) == {"data", "torch"} and ckpt["optimizer"]["state"]
+    logits, _ = model(torch.tensor([[1, 2, 3]]))
+    assert logits.shape == (1, 1, 256)
+
+
+def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monkeypatch):
+    """20 steps == 10 + resume 10 == interrupted by Ctrl-C at step 3 + resume: same losses, same weights
+    (dropout on, so the torch RNG state must be restored too, not only the data order)."""
+    run = ["--dropout=0.1", "--eval_interval=4", "--lr_decay_iters=8", "--max_iters=8"]
+    assert run_train(capsys, char_data, tmp_path / "straight", *run)[0] == 0
+
+    assert run_train(capsys, char_data, tmp_path / "split", *run[:-1], "--max_iters=4")[0] == 0
+    code, out, _ = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume", "--max_iters=8")
+    assert code == 0 and "resuming at step 4" in out
+
+    forward = leviathan.GPT.forward
+    training_calls = []
+
+    def interrupt_during_the_third_step(self, idx, targets=None, cache=None):
+        if self.training:
+            training_calls.append(1)
+            if len(training_calls) == 3:
+                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the step finishes, then the run saves and stops
+        return forward(self, idx, targets, cache)
+
+    monkeypatch.setattr(leviathan.GPT, "forward", interrupt_during_the_third_step)
+    code, out, _ = run_train(capsys, char_data, tmp_path / "ctrl_c", *run)
+    assert code == 130 and "stopped at step 3" in out
+    assert torch.load(tmp_path / "ctrl_c" / "ckpt.pt", weights_only=True)["step"] == 3
+    monkeypatch.setattr(leviathan.GPT, "forward", forward)
+    assert run_train(capsys, char_data, tmp_path / "ctrl_c", "--init_from=resume")[0] == 0
+
+    expected = losses(tmp_path / "straight")
+    assert [r[0] for r in expected] == [0, 4, 8]
+    assert losses(tmp_path / "split") == expected
+    assert losses(tmp_path / "ctrl_c") == expected
+    final = weights(tmp_path / "straight")
+    for other in ("split", "ctrl_c"):
+        resumed = weights(tmp_path / other)
+        assert all(torch.equal(final[k], resumed[k]) for k in final), other
+
+
+def test_every_arm_draws_the_same_batches(tmp_path, char_data, capsys, monkeypatch):
+    """The data order depends on the seed only, not on the model (whose init consumes different randomness)."""
+    get_batch = train.get_batch
+    seen = []
+
+    def recording_get_batch(data, starts, *args):
+        seen.append(starts.tolist())
+        return get_batch(data, starts, *args)
+
+    monkeypatch.setattr(train, "get_batch", recording_get_batch)
+    batches = {}
+    for arm, seed in (("lev", 1), ("tied", 1), ("untied", 1), ("lev", 2)):
+        seen.clear()
+        code, *_ = run_train(capsys, char_data, tmp_path / f"{arm}{seed}", f"--embedding={arm}", f"--seed={seed}",
+                             "--max_iters=3", "--eval_interval=3")
+        assert code == 0
+        batches[arm, seed] = list(seen)
+    assert batches["lev", 1] == batches["tied", 1] == batches["untied", 1]
+    assert batches["lev", 2] != batches["lev", 1]
+    assert losses(tmp_path / "lev1")[0] != losses(tmp_path / "tied1")[0]  # different models all the same
+
+
+def test_two_ddp_processes_match_one_process(tmp_path, char_data, capsys):
+    """torch.distributed.run with 2 CPU processes (gloo), each doing one of 2 micro-steps, trains like one
+    process doing both: the same global batches, the same averaged gradients."""
+    run = ["--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2"]
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             os.path.join(ROOT, "train.py"), f"--data_dir={char_data}", "--dataset=tiny_char",
+                             f"--out_dir={tmp_path / 'ddp'}", *TINY, *run],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 process(es)" in result.stdout and result.stdout.count("step 3: train loss") == 1  # rank 0 prints
+    assert run_train(capsys, char_data, tmp_path / "one", *run)[0] == 0
+    for ddp, one in zip(losses(tmp_path / "ddp"), losses(tmp_path / "one"), strict=True):
+        assert ddp == pytest.approx(one, rel=1e-5)
+    ddp_weights, one_weights = weights(tmp_path / "ddp"), weights(tmp_path / "one")
+    assert all(torch.allclose(ddp_weights[k], one_weights[k], atol=1e-5) for k in one_weights)
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, char_data, capsys, monkeypatch):
+    forward = leviathan.GPT.forward
+    training_calls = []
+
+    def nan_at_the_fourth_step(self, idx, targets=None, cache=None):
+        logits, loss = forward(self, idx, targets, cache)
+        if self.training:
+            training_calls.append(1)
+            if len(training_calls) == 4:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(leviathan.GPT, "forward", nan_at_the_fourth_step)
+    code, _, err = run_train(capsys, char_data, tmp_path / "out", "--max_iters=8", "--eval_interval=2")
+    assert code == 1 and "the loss is nan at step 3" in err
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["step"] == 2
+    assert [r["step"] for r in read_log(tmp_path / "out")] == [0, 2]
+
+
+def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, capsys):
+    out = tmp_path / "out"
+    assert run_train(capsys, char_data, out, "--max_iters=0")[0] == 0  # a checkpoint of the char vocabulary
+    (tmp_path / "exec.py").write_text("import os\n")
+    (tmp_path / "typo.py").write_text("# a comment\nn_layer = 2\nlearnig_rate = 1e-3\n")
+    cases = [
+        (["--dataset=nope"], "python prepare_data.py nope --input="),  # which command prepares it
+        (["--n_layers=2"], "did you mean n_layer?"),
+        (["--n_layer=two"], "n_layer='two' must be an integer"),
+        (["--learning_rate=True"], "must be a number"),
+        (["--embedding=bag"], "choose one of lev, tied, untied"),
+        (["--n_head=3"], "divisible by n_head=3"),  # leviathan.Config's own check
+        (["--batch_size=0"], "batch_size=0 must be at least 1"),
+        (["--out_dir=out-{arm}"], "must name a setting"),
+        ([str(tmp_path / "exec.py")], "line 1: only `key = value` lines"),
+        ([str(tmp_path / "typo.py")], "typo.py line 3: unknown setting 'learnig_rate'; did you mean learning_rate?"),
+        ([str(tmp_path / "missing.py")], "No such file"),
+        (["--init_from=resume", "--dataset=tiny_bpe"], "trained on char tokens (vocab_size 36)"),
+        (["--init_from=resume", "--n_embd=64"], "has n_embd=32, this run asks for 64"),
+        (["--init_from=resume", f"--out_dir={tmp_path / 'none'}"], "no checkpoint at"),
+    ]
+    for args, message in cases:
+        code, _, err = run_train(capsys, char_data, out, *args)
+        assert code == 2, args
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (args, err)
+
+
+def test_settings_files_then_flags_and_the_shipped_configs():
+    cpu, explicit = train.parse_args([os.path.join(ROOT, "config", "shakespeare_cpu.py"), "--embedding=tied",
+                                      "--compile", "--learning_rate=3e-4"])
+    assert (cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"]) == (4, 4, 128, 128, 16)
+    assert (cpu["embedding"], cpu["compile"], cpu["learning_rate"], cpu["eval_iters"]) == ("tied", True, 3e-4, 0)
+    assert cpu["d_seed"] == leviathan.Config.d_seed and "d_seed" not in explicit  # LEV defaults: leviathan.Config
+    train.check_settings(cpu)
+    gpu, _ = train.parse_args([os.path.join(ROOT, "config", "shakespeare_gpu.py")])
+    assert (gpu["n_layer"], gpu["n_head"], gpu["n_embd"], gpu["block_size"]) == (6, 6, 384, 256)
+    assert (gpu["dtype"], gpu["compile"], gpu["device"]) == ("bfloat16", True, "cuda")
+    train.check_settings(gpu)
+
+
+def test_learning_rate_schedule():
+    s = {"learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 10, "lr_decay_iters": 0, "max_iters": 110}
+    lrs = [train.get_lr(step, s) for step in range(120)]
+    assert 0 < lrs[0] < lrs[9] < lrs[10] == pytest.approx(1e-3)  # warmup: lr > 0 from the first step
+    assert all(a >= b for a, b in zip(lrs[10:-1], lrs[11:], strict=True))  # then the cosine only decays
+    assert lrs[60] == pytest.approx(5.5e-4) and lrs[110] == lrs[119] == 1e-4  # to min_lr at max_iters
+
+
+def test_help_lists_every_setting(capsys):
+    assert train.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert all(f"--{key}=" in text for key in train.SETTINGS)
+    assert "ckpt.pt" in text and "Ctrl-C" in text
