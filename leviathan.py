@@ -49,7 +49,7 @@ class Config:
 
         need(self.embedding in EMBEDDINGS, f"embedding={self.embedding!r}; choose one of {', '.join(EMBEDDINGS)}")
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_digits", "d_seed",
-                     "n_lev_heads", "lev_rank", "lev_chunk"):
+                     "n_lev_heads", "n_knots", "lev_rank", "lev_chunk"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
                  f"{name}={getattr(self, name)!r} must be a positive integer")
         need(self.vocab_size >= 2, f"vocab_size={self.vocab_size} must be at least 2")
@@ -293,8 +293,11 @@ class LEV(nn.Module):
     def cached(self, ids):
         """Embeddings of distinct ids with gradients off: computed on first use, then looked up. The cache is
         keyed on each parameter's storage and its `_version`, the counter PyTorch bumps on every in-place
-        change (optimizer steps, load_state_dict), so a stale entry can never be returned."""
-        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        change made through the parameter (optimizer steps, load_state_dict, in-place ops under no_grad), so
+        those can never leave a stale entry. (Writes through `p.data` bypass the counter: call with a fresh
+        model, or set use_cache=False, if you edit weights that way.)"""
+        # tensors made under inference_mode cannot be updated outside it (and vice versa): part of the key
+        key = (torch.is_inference_mode_enabled(), *((p.data_ptr(), p._version) for p in self.parameters()))
         if key != self._cache_key:
             self._cache_slot = torch.full((self.vocab_size,), -1, dtype=torch.long, device=ids.device)
             self._cache_rows = self.out_proj.new_empty(0, self.n_embd)
@@ -469,18 +472,19 @@ class GPT(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), device_type="cpu"):
-        """AdamW. Decay matrices and tables (dim >= 2), not norms' gains and biases, and not LEV's spline
-        coefficients S: decay pulls each factor towards 0 and so a 128-factor product much faster still."""
+        """AdamW. Decay matrices and tables (dim >= 2), not norms' gains and biases (LEV's per-head LayerNorm
+        ones are 2-D), and not LEV's spline coefficients S: decay pulls each factor towards 0, and so a
+        128-factor product much faster still."""
+        not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
         decay, no_decay = [], []
         for name, p in self.named_parameters():
             if p.requires_grad:
-                (decay if p.dim() >= 2 and not name.endswith("tok_emb.spline") else no_decay).append(p)
+                (decay if p.dim() >= 2 and name not in not_decayed else no_decay).append(p)
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
     # -- generation --
 
-    @torch.no_grad()
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
         """Yield the next token, (B, 1), max_new_tokens times, continuing idx: (B, T).
 
@@ -488,6 +492,7 @@ class GPT(nn.Module):
         window jumps forward by half a block (it keeps the last block_size/2 tokens), so a KV cache stays valid
         between jumps and is rebuilt at each jump. use_cache=False runs full forward passes over exactly the same
         windows, so both give identical tokens; it is the plain path the cache is tested against.
+        Arguments are checked here, at the call, not at the first token.
         """
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
@@ -495,12 +500,16 @@ class GPT(nn.Module):
             raise ValueError(f"top_k={top_k} must be >= 1")
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        return self._stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache)
+
+    @torch.no_grad()
+    def _stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache):
         block = self.config.block_size
         start = max(0, idx.shape[1] - block)  # the window is idx[:, start:]
         cache, fed = None, 0  # with a cache: how many tokens of the window it holds
         for _ in range(max_new_tokens):
             if idx.shape[1] - start > block:
-                start = idx.shape[1] - block // 2
+                start = idx.shape[1] - max(1, block // 2)
                 cache = None
             if not use_cache:
                 logits, _ = self(idx[:, start:])

@@ -1,0 +1,680 @@
+"""Tests of leviathan.py: the three model arms, LEV's fast path against its plain reference, generation with and
+without the KV cache, sampling, parameter counts, optimizer groups and checkpoints.
+
+Everything is hermetic and runs on CPU in about 10 CPU-seconds: tiny models (V=61, block_size=16, n_embd=32) and,
+where exactness matters, float64.
+Run:  python -m pytest -q tests/test_leviathan.py
+"""
+
+import dataclasses
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so that plain `pytest` finds leviathan.py too
+from leviathan import (  # noqa: E402
+    CHECKPOINT_VERSION,
+    EMBEDDINGS,
+    GPT,
+    LEV,
+    Config,
+    KVCache,
+    SplineProduct,
+    bspline_basis,
+    bspline_basis3,
+    digit_base,
+    lev_param_count,
+    load_checkpoint,
+    sample_next,
+    signed_log_product,
+)
+
+V = 61  # not a perfect cube: base 4, so digits 4**3 = 64 > 61 ids leave some digit combinations unused
+BLOCK = 16
+arms = pytest.mark.parametrize("arm", EMBEDDINGS)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """For models this small, threads cost more than they save, and on busy shared cores far more."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def tiny_config(arm, **overrides):
+    settings = dict(vocab_size=V, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32, embedding=arm,
+                    d_seed=16, n_lev_heads=2, lev_rank=8)
+    return Config(**{**settings, **overrides})
+
+
+def tiny_model(arm, seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GPT(tiny_config(arm, **overrides))
+
+
+def tiny_lev(seed=0, dtype=torch.float64, d_seed=16, chunk=5, vocab_size=V):
+    """A small LEV in float64 (so fast path and reference agree to ~1e-15), with a chunk smaller than most
+    batches so that chunking is exercised by default."""
+    torch.manual_seed(seed)
+    lev = LEV(vocab_size, 12, n_digits=3, d_seed=d_seed, n_lev_heads=2, n_knots=8, lev_rank=4, lev_chunk=chunk)
+    return lev.to(dtype)
+
+
+def random_ids(*shape, seed=0, high=V):
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def values_and_grads(lev, embed, idx, weight):
+    """E = embed(idx) and the gradient of every LEV parameter of the non-trivial loss (E * weight).sum()."""
+    lev.zero_grad(set_to_none=True)
+    E = embed(idx)
+    (E * weight).sum().backward()
+    return E.detach().clone(), {name: p.grad.clone() for name, p in lev.named_parameters()}
+
+
+def assert_same_values_and_grads(got, want, **tol):
+    torch.testing.assert_close(got[0], want[0], **tol)
+    assert got[1].keys() == want[1].keys()
+    for name in want[1]:
+        torch.testing.assert_close(got[1][name], want[1][name], **tol, msg=lambda m, n=name: f"grad of {n}: {m}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The model: shapes, loss at init, causality, gradients, overfitting, tying
+
+
+@arms
+def test_forward_shapes(arm):
+    model = tiny_model(arm)
+    idx, targets = random_ids(3, 10, seed=1), random_ids(3, 10, seed=2)
+    logits, loss = model(idx, targets)
+    assert logits.shape == (3, 10, V) and loss.shape == () and loss.dtype == torch.float32
+    logits, loss = model(idx)
+    assert logits.shape == (3, 1, V) and loss is None
+    # the last-position logits of the two calls agree
+    torch.testing.assert_close(logits[:, 0], model(idx, targets)[0][:, -1])
+
+
+@arms
+def test_loss_at_init_is_near_log_vocab(arm):
+    model = tiny_model(arm, vocab_size=500)
+    _, loss = model(random_ids(8, BLOCK, seed=1, high=500), random_ids(8, BLOCK, seed=2, high=500))
+    assert abs(loss.item() - math.log(500)) < 0.1, f"loss {loss.item():.3f} vs ln(V) = {math.log(500):.3f}"
+
+
+@arms
+def test_targets_minus_one_are_ignored(arm):
+    model = tiny_model(arm)
+    idx, targets = random_ids(2, 12, seed=1), random_ids(2, 12, seed=2)
+    masked = targets.clone()
+    masked[:, :5] = -1
+    logits, loss = model(idx, masked)
+    expected = torch.nn.functional.cross_entropy(logits[:, 5:].reshape(-1, V), targets[:, 5:].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+
+
+@arms
+def test_causal(arm):
+    """Changing token t changes no logit before t (and does change the logits at t)."""
+    model = tiny_model(arm).double()
+    idx = random_ids(2, BLOCK, seed=1)
+
+    def all_logits(x):
+        return model(x, targets=x)[0]  # targets only to get the logits of every position
+
+    before = all_logits(idx)
+    for t in (0, 5, BLOCK - 1):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1 + torch.arange(2)) % V
+        after = all_logits(changed)
+        torch.testing.assert_close(after[:, :t], before[:, :t], rtol=0, atol=1e-12)
+        assert (after[:, t] - before[:, t]).abs().max() > 1e-6
+
+
+@arms
+def test_gradients_are_finite_and_reach_every_parameter(arm):
+    model = tiny_model(arm)
+    _, loss = model(random_ids(4, BLOCK, seed=1), random_ids(4, BLOCK, seed=2))
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} gets no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
+        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
+@arms
+def test_overfits_one_batch(arm):
+    model = tiny_model(arm, n_layer=1)
+    optimizer = model.configure_optimizers(weight_decay=0.0, learning_rate=1e-2)
+    idx, targets = random_ids(4, BLOCK, seed=1), random_ids(4, BLOCK, seed=2)
+    losses = []
+    for _ in range(60):
+        _, loss = model(idx, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.25 * losses[0], f"loss went from {losses[0]:.3f} to {losses[-1]:.3f} only"
+
+
+@arms
+def test_tied_arm_shares_storage(arm):
+    model = tiny_model(arm)
+    embedding_storage = {p.data_ptr() for p in model.tok_emb.parameters()}
+    assert (model.head.weight.data_ptr() in embedding_storage) == (arm == "tied")
+    assert (model.head.weight is getattr(model.tok_emb, "weight", None)) == (arm == "tied")
+    report = model.param_report()
+    assert report["total"] == sum(p.numel() for p in model.parameters())
+    assert report["input_embedding"] + report["backbone"] + report["head"] == report["total"]
+    assert report["head"] == (0 if arm == "tied" else V * 32)
+
+
+@arms
+def test_sequence_longer_than_block_size_raises(arm):
+    model = tiny_model(arm)
+    with pytest.raises(ValueError, match=f"longer than block_size={BLOCK}"):
+        model(random_ids(1, BLOCK + 1))
+
+
+@arms
+@pytest.mark.parametrize("bad", [-1, V])
+def test_out_of_range_ids_raise_value_error(arm, bad):
+    model = tiny_model(arm)
+    idx = torch.tensor([[0, 5, bad, 3]])
+    pattern = f"token id {bad} .*" + re.escape(f"[0, {V})")
+    with pytest.raises(ValueError, match=pattern):
+        model(idx)
+    with pytest.raises(ValueError, match=pattern), torch.no_grad():
+        model(idx)
+    if arm == "lev":
+        with pytest.raises(ValueError, match=pattern):
+            model.tok_emb(idx)
+        with pytest.raises(ValueError, match=pattern):
+            model.tok_emb.reference(idx)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(embedding="lookup"), "embedding='lookup'; choose one of lev, tied, untied"),
+    (dict(n_embd=30, n_head=4), "n_embd=30 must be divisible by n_head=4"),
+    (dict(n_embd=36, n_head=4), "head size .* must be even"),
+    (dict(vocab_size=1), "vocab_size=1 must be at least 2"),
+    (dict(n_layer=0), "n_layer=0 must be a positive integer"),
+    (dict(n_knots=2), "n_knots=2 must be at least 3"),
+    (dict(dropout=1.0), r"dropout=1.0 must be in \[0, 1\)"),
+])
+def test_config_validation(overrides, message):
+    with pytest.raises(ValueError, match="Config: " + message):
+        tiny_config("lev", **overrides)
+
+
+def test_config_rejects_non_integer_n_knots():
+    with pytest.raises(ValueError, match="n_knots"):
+        tiny_config("lev", n_knots=4.5)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Generation: KV cache, window jumps, sampling
+
+
+@arms
+def test_cached_logits_equal_full_forward(arm):
+    """Feeding a prompt and then one token at a time through the KV cache gives the full forward's logits."""
+    model = tiny_model(arm).eval()
+    idx = random_ids(2, BLOCK, seed=1)
+    with torch.no_grad():
+        full, _ = model(idx, targets=idx)
+        cache = KVCache(model.config.n_layer)
+        logits, _ = model(idx[:, :5], cache=cache)
+        torch.testing.assert_close(logits[:, 0], full[:, 4], rtol=1e-5, atol=1e-5)
+        for t in range(5, BLOCK):
+            logits, _ = model(idx[:, t:t + 1], cache=cache)
+            torch.testing.assert_close(logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+        assert cache.pos == BLOCK
+        with pytest.raises(ValueError, match="longer than block_size"):
+            model(idx[:, :1], cache=cache)
+        cache = KVCache(model.config.n_layer)
+        model(idx[:, :3], cache=cache)
+        with pytest.raises(NotImplementedError):  # several tokens after a non-empty cache
+            model(idx[:, 3:5], cache=cache)
+
+
+@arms
+@pytest.mark.parametrize("prompt_len", [5, BLOCK + 4])
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_k=10,
+                                                                                         top_p=0.9)])
+def test_generation_with_cache_equals_without(arm, prompt_len, sampling):
+    """Same tokens with and without the KV cache, also far past block_size (several window jumps)."""
+    model = tiny_model(arm).eval()
+    prompt = random_ids(2, prompt_len, seed=1)
+    torch.manual_seed(123)
+    cached = model.generate(prompt, 40, use_cache=True, **sampling)
+    torch.manual_seed(123)
+    plain = model.generate(prompt, 40, use_cache=False, **sampling)
+    assert cached.shape == (2, prompt_len + 40)
+    assert torch.equal(cached[:, :prompt_len], prompt)
+    assert torch.equal(cached, plain)
+
+
+@arms
+def test_generation_with_cache_feeds_one_token_per_step(arm, monkeypatch):
+    """The cached path really uses the cache: between window jumps each step feeds only the newest token."""
+    model = tiny_model(arm).eval()
+    fed = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda idx, *a, **kw: fed.append(idx.shape[1]) or forward(idx, *a, **kw))
+    model.generate(random_ids(1, 5, seed=1), 20, temperature=0.0)
+    # 5 prompt tokens, 11 single tokens up to 16, a jump to the last 8 tokens, then single tokens again
+    assert fed == [5] + [1] * 11 + [8] + [1] * 7
+
+
+@arms
+def test_greedy_equals_argmax_loop(arm):
+    """While the sequence fits in block_size, greedy generation is argmax over full forward passes; past it,
+    the model sees the window of the last block_size // 2 tokens after each jump (GPT.stream's policy)."""
+    model = tiny_model(arm).eval()
+    idx = random_ids(2, 4, seed=1)
+    generated = model.generate(idx, 30, temperature=0.0)
+    start = 0
+    with torch.no_grad():
+        for _ in range(30):
+            if idx.shape[1] - start > BLOCK:
+                start = idx.shape[1] - BLOCK // 2
+            logits, _ = model(idx[:, start:])
+            idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated[:, :BLOCK], idx[:, :BLOCK])  # the plain loop, before any jump
+    assert torch.equal(generated, idx)
+
+
+@arms
+def test_generation_with_block_size_one(arm):
+    model = tiny_model(arm, block_size=1).eval()
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    cached = model.generate(prompt, 3, temperature=0.0)
+    assert cached.shape == (1, 4) and torch.equal(cached, model.generate(prompt, 3, temperature=0.0, use_cache=False))
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_k=0), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+])
+def test_stream_rejects_bad_sampling_settings(settings, message):
+    model = tiny_model("tied").eval()
+    with pytest.raises(ValueError, match=message):
+        next(model.stream(random_ids(1, 3), 5, **settings))
+    with pytest.raises(ValueError, match=message):
+        model.generate(random_ids(1, 3), 5, **settings)
+
+
+def test_sample_next_top_k_one_is_argmax():
+    torch.manual_seed(0)
+    for _ in range(5):
+        logits = torch.randn(16, 50)
+        for temperature in (1.0, 0.5, 2.0):
+            assert torch.equal(sample_next(logits, temperature, top_k=1), logits.argmax(-1, keepdim=True))
+    assert torch.equal(sample_next(logits, 0.0, top_k=7, top_p=0.5), logits.argmax(-1, keepdim=True))
+
+
+def test_sample_next_top_k_keeps_the_k_likeliest():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 50)
+    drawn = sample_next(logits.expand(4000, 50), 1.0, top_k=3)
+    assert set(drawn.flatten().tolist()) == set(logits[0].topk(3).indices.tolist())
+
+
+@pytest.mark.parametrize("top_p, nucleus", [(0.45, {2}), (0.7, {2, 1}), (0.8, {2, 1, 4}), (1.0, {0, 1, 2, 3, 4})])
+def test_sample_next_top_p_keeps_the_smallest_nucleus(top_p, nucleus):
+    """Probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 in shuffled order: the nucleus is the smallest set of
+    likeliest ids whose probability reaches top_p."""
+    probs = torch.tensor([0.0625, 0.25, 0.5, 0.0625, 0.125])
+    torch.manual_seed(0)
+    drawn = sample_next(probs.log().expand(4000, 5), 1.0, top_p=top_p)
+    assert set(drawn.flatten().tolist()) == nucleus
+
+
+# ----------------------------------------------------------------------------------------------------------
+# LEV: the fast path against the reference, in float64, values and gradients of every parameter
+
+
+@pytest.mark.parametrize("d_seed", [16, 6, 5])  # product grouped 3 times, once, not at all
+@pytest.mark.parametrize("chunk", [1, 7, 10_000])
+def test_lev_fast_path_equals_reference(d_seed, chunk):
+    lev = tiny_lev(d_seed=d_seed, chunk=chunk)
+    idx = torch.cat([random_ids(3, 20, seed=1), torch.tensor([[0, V - 1] * 10])])  # many repeated ids
+    assert idx.unique().numel() < idx.numel()
+    weight = torch.randn(*idx.shape, lev.n_embd, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    fast = values_and_grads(lev, lev, idx, weight)
+    reference = values_and_grads(lev, lev.reference, idx, weight)
+    assert fast[0].shape == (4, 20, 12)
+    assert_same_values_and_grads(fast, reference, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 1e6), (torch.float64, 1e40)])
+def test_lev_with_extreme_spline_scales_equals_reference(dtype, big):
+    """Seed dimensions alternately scaled by big and 1/big: every grouped partial product of 8 factors over- or
+    underflows, though the whole product stays near 1, so the fast path must take the per-factor fallback."""
+    lev = tiny_lev(dtype=dtype, d_seed=16)
+    scale = torch.tensor([big, 1 / big] * 8, dtype=torch.float64).view(1, 16, 1, 1)
+    with torch.no_grad():
+        lev.spline.mul_(scale.to(dtype))
+    idx = random_ids(2, 15, seed=1)
+    weight = torch.randn(2, 15, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    fast = values_and_grads(lev, lev, idx, weight.to(dtype))
+    exact = tiny_lev(dtype=torch.float64, d_seed=16)
+    exact.load_state_dict(lev.state_dict())
+    reference = values_and_grads(exact, exact.reference, idx, weight)
+
+    def unscaled(result):  # gradients with respect to the spline before scaling, all of order 1
+        values, grads = result
+        return values.double(), {**{n: g.double() for n, g in grads.items()}, "spline": grads["spline"] * scale}
+
+    tol = dict(rtol=1e-3, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-12)
+    assert torch.isfinite(reference[0]).all() and reference[0].abs().max() > 1e-3
+    assert_same_values_and_grads(unscaled(fast), unscaled(reference), **tol)
+
+
+@pytest.mark.parametrize("case, scale, spread", [
+    ("normal", 1.0, 2.0),  # factors in [0.5, 2]: every partial product of 8 is a normal float
+    ("overflow", 1e6, 2.0),  # partial products ~1e48 are inf in fp32
+    ("underflow", 1e-7, 2.0),  # ~1e-56 is 0
+    ("subnormal", 3e-6, 1.1),  # ~7e-45 is finite but keeps only a few bits, so its log is off by up to ~0.3
+])
+@pytest.mark.parametrize("d", [16, 6])
+def test_log_product_matches_per_factor_log(case, scale, spread, d):
+    """SplineProduct._log_product (phi: (h*d, ., .) -> sign, log|prod over d|, (h, ., .)) in float32 equals the
+    per-factor log computed in float64, including when the grouped partial products leave fp32's normal range."""
+    h = 2
+    g = torch.Generator().manual_seed(0)
+    magnitude = torch.empty(h * d, 3, 5, dtype=torch.float64).uniform_(1 / spread, spread, generator=g)
+    signs = torch.randint(0, 2, magnitude.shape, generator=g) * 2 - 1
+    phi = (scale * magnitude * signs).float()
+    sign, log_abs = SplineProduct._log_product(phi, d)
+    want_sign, want_log = signed_log_product(phi.double().view(h, d, 3, 5), dim=1)
+    assert sign.shape == log_abs.shape == (h, 3, 5)
+    assert torch.equal(sign.double(), want_sign)
+    torch.testing.assert_close(log_abs.double(), want_log, rtol=0, atol=1e-4)
+    if case != "normal" and d == 16:  # the input really needs the fallback: one log per group of 8 is wrong
+        partial = phi.view(h, 2, 8, 3, 5).prod(dim=2)
+        naive = partial.abs().log().sum(1).double()
+        assert torch.isfinite(naive).all() == (case == "subnormal")
+        assert not torch.allclose(naive, want_log, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("n_knots", [3, 16, 17])  # with 17 knots the half-knot points t = (j + 0.5) / 16 are exact
+def test_bspline_basis3_equals_dense_basis(n_knots):
+    g = n_knots - 1
+    t = torch.cat([torch.tensor([0.0, 1.0]), torch.arange(g + 1) / g, (torch.arange(g) + 0.5) / g,
+                   torch.rand(200, generator=torch.Generator().manual_seed(0))]).double()
+    j, w3, dw3 = bspline_basis3(t, n_knots)
+    w, dw = bspline_basis(t, n_knots, derivative=True)
+    assert j.dtype == torch.long and w3.shape == dw3.shape == (len(t), 3)
+    at = j.unsqueeze(-1) + torch.arange(3)  # knots j-1, j, j+1 in a basis padded by one knot at each end
+
+    def dense(x):  # scatter the 3 entries into the padded basis, then drop the two padding knots
+        return torch.zeros(len(t), n_knots + 2, dtype=x.dtype).scatter(1, at, x)[:, 1:-1]
+
+    torch.testing.assert_close(dense(w3), w, rtol=0, atol=1e-14)
+    torch.testing.assert_close(dense(dw3), dw, rtol=0, atol=1e-12)
+    torch.testing.assert_close(w3.sum(-1), torch.ones_like(t))  # with the padding knots, a partition of unity
+    assert (w >= 0).all() and ((w > 1e-12).sum(-1) <= 3).all()  # a 4th knot may get ~1e-30 from rounding
+
+
+def test_bspline_basis_derivative_matches_autograd():
+    n_knots = 16
+    t = torch.cat([torch.tensor([0.0, 1.0, 0.5 / 15, 7.5 / 15]), torch.rand(50)]).double().requires_grad_()
+    w, dw = bspline_basis(t, n_knots, derivative=True)
+    for k in range(n_knots):  # w[:, k] depends on t elementwise, so d/dt of its sum is its derivative
+        (grad,) = torch.autograd.grad(w[:, k].sum(), t, retain_graph=True)
+        torch.testing.assert_close(grad, dw[:, k].detach(), rtol=0, atol=1e-12)
+
+
+def test_spline_product_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    t = (0.05 + 0.9 * torch.rand(2, 4, 5, dtype=torch.float64, generator=g)).requires_grad_()
+    S = (1 + 0.3 * torch.randn(2, 4, 6, 3, dtype=torch.float64, generator=g)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t, S: SplineProduct.apply(t, S, 2), (t, S))
+
+
+def test_lev_table_equals_reference():
+    lev = tiny_lev(chunk=7)
+    ids = torch.arange(V)
+    torch.testing.assert_close(lev.table(), lev.reference(ids).detach(), rtol=1e-10, atol=1e-12)
+    assert not lev.table().requires_grad
+
+
+def test_lev_output_stays_float32_under_autocast():
+    lev = tiny_lev(dtype=torch.float32)
+    idx = random_ids(2, 9, seed=1)
+    expected = lev(idx).detach()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lev(idx)
+        with torch.no_grad():
+            out_cached = lev(idx)
+    assert out.dtype == out_cached.dtype == torch.float32
+    torch.testing.assert_close(out.detach(), expected)
+    torch.testing.assert_close(out_cached, expected)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# LEV's inference cache
+
+
+def record_embed_distinct(monkeypatch, lev):
+    """Wrap lev.embed_distinct so that each call's ids are recorded."""
+    calls, original = [], lev.embed_distinct
+    monkeypatch.setattr(lev, "embed_distinct", lambda ids: calls.append(ids.tolist()) or original(ids))
+    return calls
+
+
+def test_lev_cache_equals_reference_and_computes_each_id_once(monkeypatch):
+    lev = tiny_lev()
+    calls = record_embed_distinct(monkeypatch, lev)
+    with torch.no_grad():
+        for idx in ([[3, 1, 3, 2]], [[5, 2, 4, 2]], [[1, 5]], [[V - 1, 0, 0]]):
+            idx = torch.tensor(idx)
+            torch.testing.assert_close(lev(idx), lev.reference(idx), rtol=1e-10, atol=1e-12)
+    assert calls == [[1, 2, 3], [4, 5], [0, V - 1]]  # [[1, 5]] was all cached
+    lev(torch.tensor([1, 2]))  # with gradients on, no cache
+    assert calls[-1] == [1, 2]
+    lev.use_cache = False
+    with torch.no_grad():
+        lev(torch.tensor([1, 2]))
+    assert calls[-1] == [1, 2] and len(calls) == 5
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_lev_cache_is_invalidated_by_an_optimizer_step(foreach):
+    lev = tiny_lev()
+    idx = random_ids(2, 10, seed=1)
+    optimizer = torch.optim.AdamW(lev.parameters(), lr=0.05, foreach=foreach)
+    with torch.no_grad():
+        before = lev(idx)
+    (lev(idx) * torch.randn_like(before)).sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = lev(idx)
+        torch.testing.assert_close(after, lev.reference(idx), rtol=1e-10, atol=1e-12)
+    assert (after - before).abs().max() > 1e-4
+
+
+def test_lev_cache_is_invalidated_by_load_state_dict():
+    lev, other = tiny_lev(seed=0), tiny_lev(seed=1)
+    idx = random_ids(2, 10, seed=1)
+    with torch.no_grad():
+        before = lev(idx)
+        lev.load_state_dict(other.state_dict())
+        after = lev(idx)
+        torch.testing.assert_close(after, other.reference(idx), rtol=1e-10, atol=1e-12)
+    assert (after - before).abs().max() > 1e-4
+
+
+def test_lev_cache_filled_under_inference_mode_works_under_no_grad():
+    lev = tiny_lev()
+    with torch.inference_mode():
+        lev(torch.tensor([1, 2, 3]))
+    with torch.no_grad():
+        torch.testing.assert_close(lev(torch.tensor([4, 2])), lev.reference(torch.tensor([4, 2])))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameter counts, digits
+
+
+@pytest.mark.parametrize("vocab_size, n_embd, n_digits, d_seed, n_lev_heads, n_knots, lev_rank", [
+    (61, 12, 3, 16, 2, 8, 4),
+    (1000, 32, 2, 8, 3, 5, 6),
+    (4096, 16, 4, 8, 1, 3, 2),
+    (50257, 64, 3, 16, 2, 16, 8),
+])
+def test_lev_param_count_equals_module(vocab_size, n_embd, n_digits, d_seed, n_lev_heads, n_knots, lev_rank):
+    lev = LEV(vocab_size, n_embd, n_digits, d_seed, n_lev_heads, n_knots, lev_rank)
+    counted = lev_param_count(vocab_size, n_embd, n_digits, d_seed, n_lev_heads, n_knots, lev_rank)
+    assert counted == sum(p.numel() for p in lev.parameters())
+    model = GPT(Config(vocab_size=vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=n_embd, n_digits=n_digits,
+                       d_seed=d_seed, n_lev_heads=n_lev_heads, n_knots=n_knots, lev_rank=lev_rank))
+    assert model.param_report()["input_embedding"] == counted
+
+
+def test_lev_param_count_at_paper_size():
+    assert lev_param_count(200376, 2048) == 2_252_928
+    with torch.device("meta"):  # shapes only, nothing allocated
+        lev = LEV(200376, 2048)
+    assert sum(p.numel() for p in lev.parameters()) == 2_252_928
+
+
+def test_digit_base_is_the_smallest_sufficient_base():
+    cases = [(v, k) for v in range(2, 1500) for k in (1, 2, 3, 4, 5)]
+    cases += [(v, k) for v in (125, 216, 4096, 50257, 65536, 200376, 10**9, 10**9 + 1, 10**18, 10**18 + 1,
+                               2**53 + 1, 999_999_999_999, 2**60 - 1) for k in (1, 2, 3, 4, 6, 12)]
+    for v, k in cases:
+        b = digit_base(v, k)
+        assert b >= 2 and b**k >= v, (v, k, b)
+        assert b == 2 or (b - 1) ** k < v, (v, k, b)
+    known = {(125, 3): 5, (216, 3): 6, (4096, 3): 16, (4096, 2): 64, (4096, 12): 2, (50257, 3): 37,
+             (200376, 3): 59, (10**18, 3): 10**6, (10**18 + 1, 3): 10**6 + 1, (2, 3): 2}
+    assert {case: digit_base(*case) for case in known} == known
+
+
+@pytest.mark.parametrize("vocab_size, n_digits", [(V, 3), (1000, 3), (50257, 3), (4096, 2), (7, 1)])
+def test_digits_round_trip(vocab_size, n_digits):
+    lev = LEV(vocab_size, 4, n_digits=n_digits, d_seed=2, n_lev_heads=1, n_knots=3, lev_rank=1)
+    ids = torch.arange(vocab_size)
+    digits = lev.digits(ids)
+    assert digits.shape == (vocab_size, n_digits)
+    assert digits.min() >= 0 and digits.max() < lev.base
+    powers = torch.tensor([lev.base ** (n_digits - 1 - r) for r in range(n_digits)])  # most significant first
+    assert torch.equal((digits * powers).sum(-1), ids)
+
+
+def test_digits_are_most_significant_first():
+    lev = LEV(1000, 4, n_digits=3, d_seed=2, n_lev_heads=1, n_knots=3, lev_rank=1)
+    assert lev.base == 10
+    assert lev.digits(torch.tensor([123, 7, 999])).tolist() == [[1, 2, 3], [0, 0, 7], [9, 9, 9]]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Optimizer groups
+
+
+def decay_groups(model, optimizer):
+    names = {id(p): name for name, p in model.named_parameters()}
+    decayed = {names[id(p)] for group in optimizer.param_groups if group["weight_decay"] > 0 for p in group["params"]}
+    plain = {names[id(p)] for group in optimizer.param_groups if group["weight_decay"] == 0 for p in group["params"]}
+    return names, decayed, plain
+
+
+@arms
+def test_configure_optimizers_decays_matrices_only(arm):
+    model = tiny_model(arm)
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=3e-4, betas=(0.9, 0.99))
+    names, decayed, plain = decay_groups(model, optimizer)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert decayed | plain == set(names.values()) and not decayed & plain
+    assert all(g["lr"] == 3e-4 and g["betas"] == (0.9, 0.99) for g in optimizer.param_groups)
+    assert {g["weight_decay"] for g in optimizer.param_groups} == {0.1, 0.0}
+    for name, p in model.named_parameters():
+        if p.dim() == 1 or name == "tok_emb.spline":
+            assert name in plain, f"{name} should not be decayed"
+    matrices = ["blocks.0.attn.qkv.weight", "blocks.1.mlp.down.weight"]
+    matrices += ["tok_emb.codebooks", "tok_emb.seed_proj", "tok_emb.out_proj", "head.weight"] if arm == "lev" else \
+        ["tok_emb.weight"] + (["head.weight"] if arm == "untied" else [])
+    assert set(matrices) <= decayed
+
+
+def test_lev_layernorm_gains_and_biases_are_not_decayed():
+    model = tiny_model("lev")
+    _, _, plain = decay_groups(model, model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3))
+    assert {"tok_emb.ln_weight", "tok_emb.ln_bias"} <= plain
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def write_checkpoint(model, path, version=CHECKPOINT_VERSION):
+    """A checkpoint as train.py writes it (the dict of the shared interface), after one training step."""
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)
+    _, loss = model(random_ids(2, 8, seed=1), random_ids(2, 8, seed=2))
+    loss.backward()
+    optimizer.step()
+    meta = {"dataset": "tiny", "tokenizer": "char", "vocab_size": V, "dtype": "uint16", "train_tokens": 100,
+            "val_tokens": 10, "chars": "".join(chr(65 + i) for i in range(V)), "source": "synthetic"}
+    ckpt = {"version": version, "model": model.state_dict(), "model_config": dataclasses.asdict(model.config),
+            "train_config": {"batch_size": 2, "learning_rate": 1e-3}, "meta": meta, "step": 1, "tokens_seen": 16,
+            "best_val_loss": float("inf"), "optimizer": optimizer.state_dict(),
+            "rng": {"torch": torch.get_rng_state()}}
+    torch.save(ckpt, path)
+
+
+@arms
+def test_checkpoint_round_trip_gives_identical_logits(arm, tmp_path):
+    model = tiny_model(arm)
+    write_checkpoint(model, tmp_path / "ckpt.pt")
+    model.eval()
+    idx = random_ids(2, BLOCK, seed=3)
+    with torch.no_grad():
+        expected, _ = model(idx, targets=idx)
+    for where in (tmp_path, tmp_path / "ckpt.pt", str(tmp_path)):
+        loaded, ckpt = load_checkpoint(where)
+        assert not loaded.training and ckpt["step"] == 1 and ckpt["meta"]["vocab_size"] == V
+        assert loaded.config == model.config
+        with torch.no_grad():
+            assert torch.equal(loaded(idx, targets=idx)[0], expected)
+        if arm == "tied":
+            assert loaded.head.weight is loaded.tok_emb.weight
+
+
+def test_checkpoint_of_another_version_is_refused(tmp_path):
+    write_checkpoint(tiny_model("lev"), tmp_path / "ckpt.pt", version=CHECKPOINT_VERSION + 1)
+    with pytest.raises(ValueError, match=f"format version {CHECKPOINT_VERSION + 1}.*reads version"):
+        load_checkpoint(tmp_path)
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"no checkpoint at {re.escape(str(tmp_path / 'ckpt.pt'))}"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "nowhere" / "ckpt.pt")
+
+
+def test_unreadable_checkpoint_is_a_clear_error(tmp_path):
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable leviathan checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_checkpoint_with_unknown_settings_is_refused(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    write_checkpoint(tiny_model("tied"), path)
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model_config"]["n_experts"] = 4
+    torch.save(ckpt, path)
+    with pytest.raises(ValueError, match="n_experts"):
+        load_checkpoint(path)
