@@ -1,0 +1,321 @@
+"""Tests of eval.py on tiny synthetic data dirs, tiny untrained checkpoints and hand-written log.jsonl files."""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiktoken
+import torch
+
+import eval as ev
+from leviathan import CHECKPOINT_VERSION, GPT, Config
+from prepare_data import CharTokenizer, TiktokenTokenizer, eval_windows
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = 16
+WORDS = "the king shall speak to my lord and you are not here good night come away love what is this".split()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy machine OpenMP's waiting threads make them 10-100x
+    slower; restored afterwards so that other test files are unaffected."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def synthetic_play(seed, n_paragraphs):
+    """Speeches separated by blank lines, each ending in a word and punctuation, like Tiny Shakespeare."""
+    rng = random.Random(seed)
+    speeches = []
+    for _ in range(n_paragraphs):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 9))]
+        speeches.append(f"{rng.choice(['ROMEO', 'JULIET', 'NURSE'])}:\n{' '.join(words).capitalize()}"
+                        f"{rng.choice('.!?')}\n")
+    return "\n".join(speeches)
+
+
+def make_data(path, dataset="tiny"):
+    """A char-level data dir; 'Q' occurs only in val, so the 'unseen' bucket is not empty."""
+    train = synthetic_play(0, 80)
+    val = synthetic_play(1, 12) + "\nNURSE:\nQuiet now, my lord.\n"
+    chars = "".join(sorted(set(train + val)))
+    tok = CharTokenizer(chars)
+    os.makedirs(path, exist_ok=True)
+    np.array(tok.encode(train), dtype=np.uint16).tofile(os.path.join(path, "train.bin"))
+    np.array(tok.encode(val), dtype=np.uint16).tofile(os.path.join(path, "val.bin"))
+    meta = {"dataset": dataset, "tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16",
+            "train_tokens": len(train), "val_tokens": len(val), "chars": chars, "source": "synthetic"}
+    Path(path, "meta.json").write_text(json.dumps(meta))
+    return meta
+
+
+def make_run(path, meta, embedding, seed=0, log=None):
+    """A tiny untrained checkpoint in the train.py format, and optionally a log.jsonl of (tokens, val_loss)."""
+    torch.manual_seed(seed)
+    config = Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=1, n_head=2, n_embd=32,
+                    embedding=embedding, d_seed=16, n_lev_heads=2, lev_rank=8)
+    model = GPT(config)
+    os.makedirs(path, exist_ok=True)
+    torch.save({"version": CHECKPOINT_VERSION, "model": model.state_dict(), "model_config": asdict(config),
+                "train_config": {"batch_size": 4, "seed": seed}, "meta": meta, "step": 10, "tokens_seen": 640,
+                "best_val_loss": 4.0, "optimizer": {}, "rng": {}}, os.path.join(path, "ckpt.pt"))
+    if log is not None:
+        with open(os.path.join(path, "log.jsonl"), "w") as f:
+            for step, (tokens, val_loss) in enumerate(log):
+                f.write(json.dumps({"step": step, "tokens": tokens, "train_loss": val_loss, "val_loss": val_loss,
+                                    "lr": 1e-3, "elapsed_s": step, "embedding": embedding}) + "\n")
+    return model.eval()
+
+
+def val_tokens(data_dir):
+    return np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16)
+
+
+def counts_of(data_dir, vocab_size):
+    return np.bincount(np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16), minlength=vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# frequency buckets
+
+
+def test_bucket_stats_hand_made():
+    # id:          0  1   2   3    4    5     6     7      8      9   10
+    counts = np.array([0, 1, 10, 11, 100, 101, 1000, 1001, 10000, 10001, 5])
+    targets = np.array([0, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9, 9])
+    losses = np.array([5.0, 1.0, 2.0, 3.0, 0.5, 1.5, 0.2, 0.4, 0.1, 0.3, 0.05, 0.15])
+    stats = ev.bucket_stats(losses, targets, counts)
+    assert [s["bucket"] for s in stats] == list(ev.BUCKETS)
+    assert [s["tokens"] for s in stats] == [1, 3, 2, 2, 2, 2]
+    for s, want in zip(stats, [5.0, 2.0, 1.0, 0.3, 0.2, 0.1], strict=True):
+        assert s["loss"] == pytest.approx(want)
+        assert s["ppl"] == pytest.approx(math.exp(want))
+        assert s["share"] == pytest.approx(s["tokens"] / len(targets))
+    # buckets without targets have no loss rather than a made-up one
+    stats = ev.bucket_stats(np.array([1.0, 3.0]), np.array([3, 4]), counts)
+    assert [s["tokens"] for s in stats] == [0, 0, 2, 0, 0, 0]
+    assert stats[2]["loss"] == pytest.approx(2.0) and stats[0]["loss"] is None and stats[0]["ppl"] is None
+
+
+def test_train_counts_chunked():
+    tokens = np.array([3, 1, 3, 0, 3, 1, 4], dtype=np.uint16)
+    assert ev.train_counts(tokens, 6, chunk=2).tolist() == [1, 2, 0, 3, 1, 0]
+
+
+def test_whole_split_losses_and_stratification(tmp_path):
+    meta = make_data(tmp_path / "data")
+    model = make_run(tmp_path / "run", meta, "lev")
+    val = val_tokens(tmp_path / "data")
+    losses, targets = ev.evaluate_tokens(model, val, batch_size=7, device="cpu")
+    n_windows = (len(val) - 1) // BLOCK
+    assert len(losses) == len(targets) == n_windows * BLOCK
+    assert np.array_equal(targets, val[1:n_windows * BLOCK + 1])
+    # the same mean loss as the model's own forward pass over the same windows, and independent of batching
+    with torch.no_grad():
+        window_losses = []
+        for s in eval_windows(len(val), BLOCK):
+            w = torch.from_numpy(val[s:s + BLOCK + 1].astype(np.int64))
+            window_losses.append(model(w[None, :-1], w[None, 1:])[1].item())
+    assert losses.mean() == pytest.approx(np.mean(window_losses), abs=1e-5)
+    assert np.allclose(losses, ev.evaluate_tokens(model, val, batch_size=1, device="cpu")[0], atol=1e-5)
+    # every scored target falls in exactly one bucket; the bucket losses recombine into the overall loss
+    counts = counts_of(tmp_path / "data", meta["vocab_size"])
+    stats = ev.bucket_stats(losses, targets, counts)
+    assert sum(s["tokens"] for s in stats) == len(targets)
+    assert sum(s["share"] for s in stats) == pytest.approx(1.0)
+    by_hand = [0] * 6
+    for t in targets:
+        c = counts[t]
+        by_hand[0 if c == 0 else 1 if c <= 10 else 2 if c <= 100 else 3 if c <= 1000 else 4 if c <= 10000 else 5] += 1
+    assert [s["tokens"] for s in stats] == by_hand
+    assert counts[meta["chars"].index("Q")] == 0 and stats[0]["tokens"] > 0  # 'Q' occurs only in val
+    assert sum(s["tokens"] * s["loss"] for s in stats if s["tokens"]) / len(targets) == pytest.approx(losses.mean())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# token efficiency
+
+
+def test_tokens_to_reach():
+    curve = [(0, 4.0), (100, 3.0), (200, 2.0), (300, 1.5)]
+    assert ev.tokens_to_reach(curve, 2.5) == pytest.approx(150)  # interpolated between 100 and 200
+    assert ev.tokens_to_reach(curve, 2.0) == 200  # an evaluation exactly at the target
+    assert ev.tokens_to_reach(curve, 4.5) == 0
+    assert ev.tokens_to_reach(curve, 1.0) is None  # never reached
+    # the first crossing counts, even if the loss rises again afterwards
+    assert ev.tokens_to_reach([(0, 4.0), (100, 2.0), (200, 3.0), (300, 2.2)], 2.2) == pytest.approx(90)
+
+
+def test_token_efficiency_from_logs(tmp_path):
+    meta = {"dataset": "tiny", "tokenizer": "char", "vocab_size": 8, "chars": "abcdefgh"}
+    make_run(tmp_path / "base", meta, "tied", log=[(0, 4.0), (1000, 3.0), (2000, 2.5), (4000, 2.0)])
+    make_run(tmp_path / "fast", meta, "lev", log=[(0, 4.0), (1000, 3.0), (2000, 1.0)])
+    make_run(tmp_path / "slow", meta, "lev", log=[(0, 4.0), (1000, 3.5), (2000, 3.0)])
+    make_run(tmp_path / "nolog", meta, "untied")
+    curves = [ev.read_curve(tmp_path / d) for d in ("base", "fast", "slow", "nolog")]
+    assert curves[1] == [(0, 4.0), (1000, 3.0), (2000, 1.0)] and curves[3] is None
+    target, rows = ev.token_efficiency(curves)
+    assert target == 2.0
+    assert rows[0] == {"final_val_loss": 2.0, "tokens_to_reach": 4000, "fewer_tokens": 1.0}
+    assert rows[1]["tokens_to_reach"] == pytest.approx(1500) and rows[1]["fewer_tokens"] == pytest.approx(4000 / 1500)
+    assert rows[2] == {"final_val_loss": 3.0, "tokens_to_reach": None, "fewer_tokens": None}
+    assert rows[3] == {"final_val_loss": None, "tokens_to_reach": None, "fewer_tokens": None}
+    assert ev.token_efficiency([None, curves[1]]) == (None, None)  # no baseline log: nothing to reach
+    with open(tmp_path / "fast" / "log.jsonl", "a") as f:
+        f.write('{"step": 3, "tokens": 30\n')
+    with pytest.raises(ValueError, match=r"log.jsonl:4 "):
+        ev.read_curve(tmp_path / "fast")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# LAMBADA-style last words
+
+TEXT = ("ALICE:\nWe shall go to the market.\n\nBOB:\nThen I'll.\n\n\nCAROL:\nIn 1623.\n\n"
+        "DAVE:\nHear me speak!'\n  \n\nEVE:\nA well-known.\n\nSoloword.\n\nFRED:\nGood night")
+
+
+def test_lambada_passages_char():
+    tok = CharTokenizer("".join(sorted(set(TEXT))))
+    passages = ev.lambada_passages(TEXT, tok, max_passages=10)
+    assert [(tok.decode(c), tok.decode(w), word) for c, w, word in passages] == [
+        ("ALICE:\nWe shall go to the ", "market", "market"),
+        ("DAVE:\nHear me ", "speak", "speak"),
+        ("FRED:\nGood ", "night", "night"),
+    ]
+    # capped: evenly spaced over the qualifying passages, deterministic
+    assert [word for _, _, word in ev.lambada_passages(TEXT, tok, max_passages=2)] == ["market", "speak"]
+    assert [word for _, _, word in ev.lambada_passages(TEXT, tok, max_passages=1)] == ["market"]
+
+
+def test_lambada_passages_bpe_moves_the_space_into_the_word():
+    # byte-level BPE with one merge, " s": "Hear me " ends in a lone space, "Hear me speak" in " s"+"peak"
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks[b" s"] = 256
+    enc = tiktoken.Encoding(name="tiny", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""", mergeable_ranks=ranks,
+                            special_tokens={})
+    tok = TiktokenTokenizer(enc)
+    [(context, word_ids, word)] = ev.lambada_passages("DAVE:\nHear me speak.<|endoftext|>x", tok, 5)
+    assert (tok.decode(context), tok.decode(word_ids), word) == ("DAVE:\nHear me", " speak", "speak")
+    assert word_ids[0] == 256 and context + word_ids == tok.encode("DAVE:\nHear me speak")
+
+
+def test_lambada_eval_matches_unpadded_passages(tmp_path):
+    chars = "".join(sorted(set(TEXT + "a long context z")))
+    tok = CharTokenizer(chars)
+    model = make_run(tmp_path / "run", {"vocab_size": len(chars)}, "untied")
+    passages = ev.lambada_passages(TEXT, tok, 10)
+    passages.append((tok.encode("a long context " * 3), tok.encode("z" * BLOCK), "z" * BLOCK))  # too long: skipped
+    result = ev.lambada_eval(model, passages, batch_size=2, device="cpu")
+    unbatched = ev.lambada_eval(model, passages, batch_size=1, device="cpu")
+    assert result == pytest.approx(unbatched, rel=1e-6)  # padding changes nothing but float rounding
+    # the same figures from each passage alone: no padding, context cut to BLOCK - len(word) tokens
+    correct, losses = 0, []
+    with torch.no_grad():
+        for context, word, _ in passages[:3]:
+            context = context[-(BLOCK - len(word)):]
+            seq = torch.tensor(context + word)
+            logits, _ = model(seq[None, :-1], seq[None, 1:])
+            at = torch.arange(len(context) - 1, len(seq) - 1)
+            correct += bool((logits[0, at].argmax(-1) == torch.tensor(word)).all())
+            losses += torch.nn.functional.cross_entropy(logits[0, at], torch.tensor(word), reduction="none").tolist()
+    assert result["passages"] == 3
+    assert result["accuracy"] == pytest.approx(correct / 3)
+    assert result["word_loss"] == pytest.approx(np.mean(losses), abs=1e-5)
+    assert result["word_ppl"] == pytest.approx(math.exp(np.mean(losses)), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the command
+
+
+def run_main(argv, capsys):
+    """main(argv) in-process -> (exit code, stdout, stderr)."""
+    try:
+        ev.main([str(a) for a in argv])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_end_to_end(tmp_path, capsys, monkeypatch):
+    meta = make_data(tmp_path / "data" / "tiny")
+    models = [make_run(tmp_path / "out-tied", meta, "tied", 0, [(0, 4.0), (1000, 3.0), (2000, 2.5), (4000, 2.0)]),
+              make_run(tmp_path / "out-lev", meta, "lev", 1, [(0, 4.0), (1000, 3.0), (2000, 1.0)]),
+              make_run(tmp_path / "out-lev-s2", meta, "lev", 2, [(0, 4.0), (1000, 3.5), (2000, 3.0)])]
+    monkeypatch.chdir(tmp_path)  # the data dir is found as data/<dataset> relative to the working directory
+    code, out, err = run_main(["out-tied", "out-lev", "out-lev-s2", "--device=cpu", "--batch_size=5",
+                               "--lambada_max=8", "--json=res/compare.json", "--plot=res/compare.png"], capsys)
+    assert code == 0, err
+    assert "| tied | " in out and "| lev (out-lev) | " in out and "| lev (out-lev-s2) | " in out
+    assert "| unseen | " in out and "never reached" in out and "2.67x" in out and "(baseline)" in out
+    assert "final val loss 2.0000" in out
+
+    result = json.loads(Path("res/compare.json").read_text())
+    assert [a["label"] for a in result["arms"]] == ["tied", "lev (out-lev)", "lev (out-lev-s2)"]
+    val = val_tokens("data/tiny")
+    for arm, model in zip(result["arms"], models, strict=True):
+        losses, targets = ev.evaluate_tokens(model, val, batch_size=3, device="cpu")
+        assert arm["val_loss"] == pytest.approx(float(losses.mean()), abs=1e-5)
+        assert arm["val_targets"] == len(targets) == sum(b["tokens"] for b in arm["buckets"])
+        assert arm["params"] == model.param_report()
+        assert arm["lambada"]["passages"] == 8
+        assert f"{arm['val_loss']:.4f}" in out
+    assert result["arms"][1]["token_efficiency"]["fewer_tokens"] == pytest.approx(4000 / 1500)
+    assert result["baseline_final_val_loss"] == 2.0
+    assert Path("res/compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir("res")) == ["compare.json", "compare.png"]  # no temporary files left
+    code, out, err = run_main(["out-tied", "out-lev", "--lambada_max=0"], capsys)
+    assert code == 0 and "## Token efficiency" in out and "Last-word" not in out
+
+
+def test_labels():
+    assert ev.labels(["out-tied", "out-lev"], ["tied", "lev"]) == ["tied", "lev"]
+    assert ev.labels(["runs/out-lev", "out-lev-s2/", "out-tied"], ["lev", "lev", "tied"]) == [
+        "lev (out-lev)", "lev (out-lev-s2)", "tied"]
+    assert ev.labels(["a/out", "b/out"], ["lev", "lev"]) == ["lev (a/out)", "lev (b/out)"]  # same dir names
+
+
+def test_refuses_mismatched_inputs(tmp_path, capsys, monkeypatch):
+    meta = make_data(tmp_path / "data" / "tiny")
+    other_meta = make_data(tmp_path / "data" / "other", dataset="other")
+    make_data(tmp_path / "wrong" / "tiny", dataset="other")  # a folder named tiny that holds another dataset
+    make_run(tmp_path / "a", meta, "tied")
+    make_run(tmp_path / "b", other_meta, "lev")
+    make_run(tmp_path / "c", {**meta, "tokenizer": "gpt2", "chars": None}, "lev")
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (["a", "b"], "compare checkpoints of one dataset and tokenizer only"),  # different dataset
+        (["a", "c"], "tokenizer gpt2"),  # same dataset and vocabulary size, different tokenizer
+        (["a", "missing"], "no checkpoint at missing"),
+        (["a", "--data_dir=wrong"], "wrong/tiny holds dataset 'other'"),
+        (["a", "--data_dir=nowhere"], "no prepared dataset in nowhere/tiny"),
+        (["a", "--batch_size=0"], "--batch_size=0 must be at least 1"),
+    ]
+    for argv, message in cases:
+        code, out, err = run_main(argv, capsys)
+        assert code == 2 and message in err and err.count("\n") == 1, (argv, err)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if matplotlib were not installed
+    code, _, err = run_main(["a", "--plot=x.png"], capsys)
+    assert code == 2 and "--plot needs matplotlib" in err
+
+
+def test_command_line(tmp_path, capsys):
+    """--help documents the last-word rule; the script itself reports bad input in one line, exit code 2."""
+    code, out, _ = run_main(["--help"], capsys)
+    assert code == 0 and "teacher forcing" in out and "--lambada_max" in out and "DATA_DIR/<dataset" in out
+    bad = subprocess.run([sys.executable, str(ROOT / "eval.py"), "nowhere"], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("eval.py: error: no checkpoint at nowhere")
+    assert "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
