@@ -1,0 +1,226 @@
+"""
+Sample text from a trained leviathan model, streamed to the terminal as it is generated.
+
+    python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
+    python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0      # greedy
+    python sample.py --out_dir=out --num_samples=1 --no_kv_cache                # measure the KV cache
+
+The tokenizer comes from the checkpoint's dataset metadata (a char vocabulary or a tiktoken encoding name), so
+a checkpoint samples correctly without repeating how it was trained. Each sample is printed (prompt first) as
+its tokens arrive, samples are separated by a dashed line, and one summary line on stderr gives tokens/s and
+which caches were on. Generation uses the KV cache and, for the lev arm, LEV's per-id embedding cache;
+--no_kv_cache and --no_lev_cache switch them off so that their effect on speed can be measured.
+Defaults follow nanoGPT's sample.py.
+"""
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+import torch
+
+import leviathan
+import prepare_data
+
+SEPARATOR = "---------------"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag gives one clear line (not usage + error) and exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help shows the module docstring as written (with its examples) and every flag's default."""
+
+
+def fail(message):
+    """Bad input: one actionable line on stderr and exit code 2, never a traceback."""
+    message = " ".join(message.split())  # one line, even when it quotes a multi-line library message
+    print(f"sample.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv):
+    p = ArgumentParser(prog="sample.py", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--out_dir", default="out", help="directory holding ckpt.pt (written by train.py)")
+    p.add_argument("--start", default="\n",
+                   help="prompt text, or FILE:path to read the prompt from a UTF-8 file (default: %(default)r)")
+    p.add_argument("--num_samples", type=int, default=10, help="number of samples to draw, one after another")
+    p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="1.0 = the model's distribution, < 1 = more conservative, 0 = greedy (argmax)")
+    p.add_argument("--top_k", type=int, default=200, help="sample only among the k likeliest tokens")
+    p.add_argument("--top_p", type=float, default=None,
+                   help="nucleus sampling: only among the likeliest tokens whose probability reaches p")
+    p.add_argument("--seed", type=int, default=1337, help="random seed: same seed, same samples")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                   help="auto picks cuda, then mps, then cpu")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the model with torch.compile (slow to start: the first sample pays for it)")
+    p.add_argument("--no_kv_cache", action="store_true",
+                   help="recompute the whole context for every token (to measure the KV cache's speed-up)")
+    p.add_argument("--no_lev_cache", action="store_true",
+                   help="lev arm: recompute LEV embeddings at every step instead of once per id (to measure it)")
+    args = p.parse_args(argv)
+    # the same rules GPT.stream enforces, checked up front so that nothing is loaded for a typo
+    if args.temperature < 0:
+        p.error(f"--temperature={args.temperature} must be >= 0 (0 means greedy)")
+    if args.top_k < 1:
+        p.error(f"--top_k={args.top_k} must be >= 1")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        p.error(f"--top_p={args.top_p} must be in (0, 1]; 1 disables it")
+    if args.num_samples < 1:
+        p.error(f"--num_samples={args.num_samples} must be >= 1")
+    if args.max_new_tokens < 0:
+        p.error(f"--max_new_tokens={args.max_new_tokens} must be >= 0")
+    return args
+
+
+def pick_device(name):
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        fail("--device=cuda but PyTorch sees no CUDA GPU; use --device=cpu (or auto)")
+    if name == "mps" and not torch.backends.mps.is_available():
+        fail("--device=mps but this PyTorch/machine has no MPS backend; use --device=cpu (or auto)")
+    return name
+
+
+def read_prompt(start):
+    """--start is the prompt itself, or FILE:path names a UTF-8 file holding it (as in nanoGPT)."""
+    if start.startswith("FILE:"):
+        path = start[len("FILE:"):]
+        try:
+            with open(path, encoding="utf-8") as f:
+                start = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"cannot read the prompt file --start=FILE:{path} ({type(e).__name__}: {e}); give a readable "
+                 f"UTF-8 text file")
+    if not start:
+        fail("the prompt is empty; give at least one character with --start=TEXT or --start=FILE:path")
+    return start
+
+
+def stream_text(tokenizer, ids):
+    """Decode a stream of token ids into text pieces whose concatenation is exactly tokenizer.decode(all ids).
+
+    A BPE token can end inside a multi-byte UTF-8 character, which decodes as U+FFFD until its remaining bytes
+    arrive; so a trailing U+FFFD is held back until a later token completes (or, at the end, confirms) it.
+    The ids not yet fully shown are decoded together; once they decode to complete characters they are dropped,
+    as decoding from a character boundary does not depend on what came before."""
+    pending, shown = [], 0  # ids since the last character boundary, and how much of their text is printed
+    for i in ids:
+        pending.append(i)
+        text = tokenizer.decode(pending)
+        ready = len(text.rstrip("\ufffd"))
+        if ready > shown:
+            yield text[shown:ready]
+            shown = ready
+        if ready == len(text):
+            pending, shown = [], 0
+    text = tokenizer.decode(pending)
+    if len(text) > shown:
+        yield text[shown:]  # replacement characters the stream ended with are part of the decoded text too
+
+
+def main(argv=None):
+    """Run sample.py with the given arguments (sys.argv[1:] when None); return the samples' texts."""
+    args = parse_args(argv)
+    prompt = read_prompt(args.start)
+    device = pick_device(args.device)
+
+    # the model and its tokenizer, both from the checkpoint
+    if not os.path.isdir(args.out_dir):
+        fail(f"--out_dir={args.out_dir} does not exist; train a model first (python train.py ...) or fix --out_dir")
+    try:
+        model, ckpt = leviathan.load_checkpoint(args.out_dir, device)
+    except (OSError, ValueError) as e:  # missing, unreadable, another format version: the message says what to do
+        fail(str(e))
+    except (KeyError, TypeError, RuntimeError) as e:  # fields missing, weights that do not fit the model settings
+        detail = " ".join(str(e).split())[:300]  # load_state_dict's message lists every key that does not fit
+        fail(f"cannot load the checkpoint in {args.out_dir} ({type(e).__name__}: {detail}); was it written "
+             f"by another version of train.py?")
+    meta = ckpt.get("meta")
+    if not isinstance(meta, dict) or "tokenizer" not in meta:
+        fail(f"the checkpoint in {args.out_dir} has no dataset metadata (meta) naming its tokenizer; retrain it "
+             f"with this version of train.py")
+    try:
+        tokenizer = prepare_data.get_tokenizer(meta)
+    except Exception as e:  # an unknown encoding name, a tiktoken file that cannot be fetched offline, ...
+        fail(f"cannot build the checkpoint's tokenizer {meta['tokenizer']!r} ({type(e).__name__}: {e})")
+    if tokenizer.vocab_size != model.config.vocab_size:
+        fail(f"the checkpoint's tokenizer {meta['tokenizer']!r} has {tokenizer.vocab_size} tokens but its model "
+             f"has vocab_size={model.config.vocab_size}; the checkpoint is inconsistent")
+
+    # the prompt, as the model will see it
+    try:
+        prompt_ids = tokenizer.encode(prompt)
+    except ValueError as e:  # e.g. characters a char-level vocabulary lacks (the tokenizer names them)
+        fail(f"cannot encode the prompt: {e}")
+    block_size = model.config.block_size
+    if len(prompt_ids) > block_size:
+        print(f"sample.py: note: the prompt is {len(prompt_ids)} tokens, longer than block_size={block_size}; "
+              f"the model sees only its last {block_size}", file=sys.stderr)
+        prompt_ids = prompt_ids[-block_size:]
+    x = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+
+    # the caches: the KV cache is GPT.stream's use_cache; LEV (gradients off) computes each id's embedding
+    # once and then looks it up, unless its use_cache is off, when it recomputes the step's embeddings
+    is_lev = model.config.embedding == "lev"
+    if is_lev:
+        model.tok_emb.use_cache = not args.no_lev_cache
+    if args.compile:
+        # in place, so that GPT.stream's self(...) runs compiled. The whole model, not block by block: each block
+        # would be a separate specialisation of one function and exhaust dynamo's recompile limit. LEV's
+        # data-dependent lookups (torch.unique, the per-id cache) stay eager behind a graph break.
+        model.compile()
+    torch.manual_seed(args.seed)  # seeds every device's generator
+    # bfloat16 autocast on CUDA, as nanoGPT; elsewhere full fp32 (sample_next works on fp32 logits either way)
+    autocast = torch.autocast("cuda", torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+
+    texts = []
+    t0 = time.perf_counter()
+    with autocast:
+        for i in range(args.num_samples):
+            if i == 1:
+                t1 = time.perf_counter()  # the first sample also pays for warm-up (and compilation)
+            sys.stdout.write(prompt)
+            sys.stdout.flush()
+            new_ids = (int(t) for t in model.stream(x, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                                                    use_cache=not args.no_kv_cache))
+            pieces = []
+            for piece in stream_text(tokenizer, new_ids):
+                sys.stdout.write(piece)
+                sys.stdout.flush()  # a person watches the text appear
+                pieces.append(piece)
+            texts.append(prompt + "".join(pieces))
+            sys.stdout.write(f"\n{SEPARATOR}\n")
+            sys.stdout.flush()
+    t2 = time.perf_counter()  # int(t) waits for each token, so no device sync is needed
+
+    # one line a measurement can be read from: tokens, seconds, tokens/s, and what was on
+    n_tokens = args.num_samples * args.max_new_tokens
+    rate = f"{n_tokens} tokens in {t2 - t0:.2f} s = {n_tokens / max(t2 - t0, 1e-9):.1f} tokens/s"
+    if args.num_samples > 1:
+        rest = (args.num_samples - 1) * args.max_new_tokens
+        rate += f" ({rest / max(t2 - t1, 1e-9):.1f} tokens/s after the first sample)"
+    kv_state = "off" if args.no_kv_cache else "on"
+    lev_state = ("off" if args.no_lev_cache else "on") if is_lev else f"n/a ({model.config.embedding} arm)"
+    print(f"sample.py: {rate}; {args.num_samples} x {args.max_new_tokens} new tokens, kv_cache={kv_state}, "
+          f"lev_cache={lev_state}, device={device}, compile={'on' if args.compile else 'off'}", file=sys.stderr)
+    return texts
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C while watching a sample: stop quietly
+        sys.exit(130)
+    except BrokenPipeError:  # the reader went away (python sample.py | head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exit's final flush cannot fail
+        sys.exit(1)

@@ -1,0 +1,227 @@
+"""sample.py: determinism, greedy = argmax, streaming = decoded text (also for BPE split inside UTF-8
+characters), caches that do not change the output, and clear errors for bad input. Each test writes its own
+tiny random checkpoint, so no training run, data or network is needed."""
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import leviathan
+import prepare_data
+import sample
+
+ROOT = Path(__file__).resolve().parents[1]
+CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+CHAR_META = {"dataset": "tiny", "tokenizer": "char", "vocab_size": len(CHARS), "dtype": "uint16",
+             "train_tokens": 100, "val_tokens": 10, "chars": CHARS, "source": "synthetic"}
+BPE_META = {"dataset": "tiny", "tokenizer": "tiny", "vocab_size": 256, "dtype": "uint16", "train_tokens": 100,
+            "val_tokens": 10, "source": "synthetic"}
+BLOCK = 24
+
+
+def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev", version=leviathan.CHECKPOINT_VERSION):
+    """Write out_dir/ckpt.pt for a tiny random model, as train.py would; return the model."""
+    torch.manual_seed(0)
+    config = leviathan.Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=2, n_head=2, n_embd=32,
+                              embedding=embedding, d_seed=16, n_lev_heads=2, lev_rank=8)
+    model = leviathan.GPT(config).eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.save({"version": version, "model": model.state_dict(), "model_config": dataclasses.asdict(config),
+                "train_config": {}, "meta": meta, "step": 0, "tokens_seen": 0, "best_val_loss": float("inf"),
+                "optimizer": {}, "rng": {}}, out_dir / "ckpt.pt")
+    return model
+
+
+def run(out_dir, *flags):
+    return sample.main([f"--out_dir={out_dir}", "--device=cpu", *flags])
+
+
+@pytest.fixture
+def char_ckpt(tmp_path):
+    make_checkpoint(tmp_path / "out")
+    return tmp_path / "out"
+
+
+def test_same_seed_same_output_different_seed_different_output(char_ckpt, capsys):
+    flags = ["--start=ROMEO:", "--num_samples=2", "--max_new_tokens=15", "--temperature=1.0"]
+    first, again = run(char_ckpt, *flags, "--seed=1"), run(char_ckpt, *flags, "--seed=1")
+    other = run(char_ckpt, *flags, "--seed=2")
+    assert first == again
+    assert first != other
+    assert first[0] != first[1]  # samples within one run differ too
+    assert all(t.startswith("ROMEO:") and len(t) == len("ROMEO:") + 15 for t in first + other)
+
+
+@pytest.mark.parametrize("embedding", ["lev", "tied"])
+def test_greedy_equals_argmax_of_full_forward_passes_with_and_without_caches(tmp_path, embedding, capsys):
+    model = make_checkpoint(tmp_path / "out", embedding=embedding)
+    prompt, n_new = "To be", BLOCK - 5  # stays within one block: no window jumps
+    idx = torch.tensor([[CHARS.index(c) for c in prompt]])
+    with torch.no_grad():
+        for _ in range(n_new):  # a full forward pass over the whole sequence at every step, then argmax
+            logits, _ = model(idx)
+            idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    expected = prompt + "".join(CHARS[i] for i in idx[0, len(prompt):].tolist())
+    flags = [f"--start={prompt}", "--num_samples=1", f"--max_new_tokens={n_new}", "--temperature=0"]
+    assert run(tmp_path / "out", *flags) == [expected]
+    assert run(tmp_path / "out", *flags, "--no_kv_cache") == [expected]
+    assert run(tmp_path / "out", *flags, "--no_kv_cache", "--no_lev_cache") == [expected]
+    # past the block size the model's window jumps; the KV cache must follow it exactly
+    long_flags = [f"--start={prompt}", "--num_samples=1", f"--max_new_tokens={3 * BLOCK}", "--temperature=0"]
+    assert run(tmp_path / "out", *long_flags) == run(tmp_path / "out", *long_flags, "--no_kv_cache")
+
+
+def test_no_lev_cache_computes_every_step_afresh(char_ckpt, capsys, monkeypatch):
+    calls = []
+    embed_distinct = leviathan.LEV.embed_distinct
+    monkeypatch.setattr(leviathan.LEV, "embed_distinct", lambda self, ids: calls.append(len(ids)) or
+                        embed_distinct(self, ids))
+    flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=10", "--temperature=0"]
+    with_cache = run(char_ckpt, *flags)
+    cached_calls, calls[:] = list(calls), []
+    without_cache = run(char_ckpt, *flags, "--no_lev_cache")
+    assert with_cache == without_cache
+    fed = with_cache[0][:-1]  # the prompt and every sampled token but the last are fed to the model
+    assert sum(cached_calls) == len(set(fed))  # with the cache: each distinct id once
+    assert calls == [2] + [1] * 9  # without: every step's ids (the prompt, then one token at a time)
+    assert "lev_cache=off" in capsys.readouterr().err
+
+
+def test_no_kv_cache_feeds_the_whole_context_at_every_step(char_ckpt, capsys, monkeypatch):
+    fed = []
+    forward = leviathan.GPT.forward
+    monkeypatch.setattr(leviathan.GPT, "forward", lambda self, idx, targets=None, cache=None: fed.append(
+        (idx.shape[1], cache is not None)) or forward(self, idx, targets, cache))
+    flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=5"]
+    run(char_ckpt, *flags)
+    assert fed == [(2, True)] + [(1, True)] * 4  # the prompt, then only the newest token
+    fed.clear()
+    run(char_ckpt, *flags, "--no_kv_cache")
+    assert fed == [(n, False) for n in range(2, 7)]  # everything, every time
+    assert "kv_cache=off" in capsys.readouterr().err
+
+
+def test_streamed_stdout_equals_returned_texts_token_by_token(char_ckpt, capsys, monkeypatch):
+    class Recorder:  # stdout that records what has been flushed, piece by piece
+        def __init__(self):
+            self.buffer, self.flushed = "", []
+
+        def write(self, s):
+            self.buffer += s
+
+        def flush(self):
+            self.flushed.append(self.buffer)
+            self.buffer = ""
+
+    out = Recorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    texts = run(char_ckpt, "--start=Hi", "--num_samples=3", "--max_new_tokens=12")
+    assert "".join(out.flushed) + out.buffer == "".join(f"{t}\n{sample.SEPARATOR}\n" for t in texts)
+    assert len(out.flushed) >= 3 * 12  # every token is printed as soon as it is sampled
+    err = capsys.readouterr().err
+    assert "36 tokens in" in err and "tokens/s after the first sample" in err and "kv_cache=on, lev_cache=on" in err
+
+
+def test_stream_text_holds_back_incomplete_utf8_characters(tiny_encoding):
+    tok = prepare_data.TiktokenTokenizer(tiny_encoding)  # byte-level: multi-byte characters span several ids
+    ids = tok.encode("hé😀") + [0xFF, 0xC3]  # ... then an invalid byte and a cut-off character
+    pieces = list(sample.stream_text(tok, iter(ids)))
+    assert pieces == ["h", "é", "😀", "\ufffd\ufffd"]
+    assert "".join(pieces) == tok.decode(ids)
+    assert list(sample.stream_text(tok, iter([]))) == []
+
+
+def test_bpe_checkpoint_streams_exactly_the_decoded_text(tmp_path, capsys, monkeypatch, tiny_encoding):
+    """A byte-level model splits multi-byte characters across tokens at random; the printed text must still
+    be exactly the decoding of all sampled ids."""
+    model = make_checkpoint(tmp_path / "out", BPE_META)
+    get_tokenizer = prepare_data.get_tokenizer  # a name-only meta cannot reach an unregistered encoding: inject it
+    monkeypatch.setattr(prepare_data, "get_tokenizer", lambda meta: get_tokenizer(meta, encoding=tiny_encoding))
+    prompt = "naïve café 😀"
+    texts = run(tmp_path / "out", f"--start={prompt}", "--num_samples=2", "--max_new_tokens=30", "--seed=7",
+                "--temperature=1.0")
+    assert capsys.readouterr().out == "".join(f"{t}\n{sample.SEPARATOR}\n" for t in texts)
+    torch.manual_seed(7)
+    tok = prepare_data.TiktokenTokenizer(tiny_encoding)
+    x = torch.tensor([tok.encode(prompt)])
+    for text in texts:
+        new_ids = model.generate(x, 30, temperature=1.0, top_k=200)[0, x.shape[1]:].tolist()
+        assert text == prompt + tok.decode(new_ids)
+    assert any("\ufffd" in t[len(prompt):] for t in texts)  # the sampled bytes did cut characters
+
+
+def test_long_prompt_is_cropped_to_the_block_with_a_note(char_ckpt, capsys):
+    prompt = "Now is the winter of our discontent made glorious summer"
+    assert len(prompt) > BLOCK
+    flags = ["--num_samples=1", "--max_new_tokens=8", "--temperature=0"]
+    long = run(char_ckpt, f"--start={prompt}", *flags)
+    assert f"the prompt is {len(prompt)} tokens, longer than block_size={BLOCK}" in capsys.readouterr().err
+    cropped = run(char_ckpt, f"--start={prompt[-BLOCK:]}", *flags)
+    assert long[0] == prompt + cropped[0][BLOCK:]
+
+
+def test_prompt_from_file(char_ckpt, tmp_path, capsys):
+    (tmp_path / "prompt.txt").write_text("JULIET:\n", encoding="utf-8")
+    flags = ["--num_samples=1", "--max_new_tokens=5", "--temperature=0"]
+    assert run(char_ckpt, f"--start=FILE:{tmp_path / 'prompt.txt'}", *flags) == run(char_ckpt, "--start=JULIET:\n",
+                                                                                     *flags)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--temperature=-0.5"], "--temperature=-0.5 must be >= 0"),
+    (["--top_k=0"], "--top_k=0 must be >= 1"),
+    (["--top_p=0"], "--top_p=0.0 must be in (0, 1]"),
+    (["--top_p=1.5"], "--top_p=1.5 must be in (0, 1]"),
+    (["--num_samples=0"], "--num_samples=0 must be >= 1"),
+    (["--max_new_tokens=-1"], "--max_new_tokens=-1 must be >= 0"),
+    (["--max_new_tokens=ten"], "invalid int value: 'ten'"),
+    (["--start=FILE:/nonexistent/prompt.txt"], "cannot read the prompt file"),
+    (["--start="], "the prompt is empty"),
+    (["--start=Hello, World 42!"], "vocabulary: '24'"),  # digits are not in CHARS: say which
+    (["--start=é"], "'é'"),
+    pytest.param(["--device=cuda"], "no CUDA GPU", marks=pytest.mark.skipif(torch.cuda.is_available(),
+                                                                           reason="this machine has a GPU")),
+])
+def test_bad_input_is_one_line_and_exit_code_2(char_ckpt, capsys, flags, says):
+    with pytest.raises(SystemExit) as exit_info:
+        run(char_ckpt, *flags)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and "error" in captured.err and says in captured.err, captured.err
+
+
+def test_bad_checkpoints_are_one_line_and_exit_code_2(tmp_path, capsys):
+    make_checkpoint(tmp_path / "old", version=0)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "ckpt.pt").write_bytes(b"not a checkpoint")
+    make_checkpoint(tmp_path / "bad_meta", meta={**CHAR_META, "vocab_size": 10})
+    make_checkpoint(tmp_path / "mismatch")
+    ckpt = torch.load(tmp_path / "mismatch" / "ckpt.pt", weights_only=True)
+    ckpt["model_config"]["n_layer"] = 3  # settings that do not fit the saved weights
+    torch.save(ckpt, tmp_path / "mismatch" / "ckpt.pt")
+    cases = [(tmp_path / "missing", "does not exist"), (tmp_path / "empty", "no checkpoint at"),
+             (tmp_path / "old", "format version 0"), (tmp_path / "garbage", "not a readable leviathan checkpoint"),
+             (tmp_path / "bad_meta", "vocab_size"), (tmp_path / "mismatch", "Missing key(s) in state_dict")]
+    for out_dir, says in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            run(out_dir)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_cli_streams_samples_and_reports_speed_then_fails_cleanly(char_ckpt):
+    cmd = [sys.executable, str(ROOT / "sample.py"), f"--out_dir={char_ckpt}", "--start=ROMEO:", "--num_samples=2",
+           "--max_new_tokens=20", "--no_kv_cache"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("ROMEO:") == 2 and done.stdout.count(f"\n{sample.SEPARATOR}\n") == 2
+    summary = done.stderr.strip().splitlines()[-1]
+    assert "40 tokens in" in summary and "tokens/s" in summary and "kv_cache=off, lev_cache=on" in summary
+    bad = subprocess.run([*cmd, "--top_p=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
