@@ -567,7 +567,8 @@ def load_checkpoint(path, device="cpu"):
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # a truncated file, a foreign pickle, ...
-        raise ValueError(f"{path} is not a readable leviathan checkpoint ({type(e).__name__}: {e})") from None
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"{path} is not a readable leviathan checkpoint ({type(e).__name__}: {first_line})") from None
     version = ckpt.get("version") if isinstance(ckpt, dict) else None
     if version != CHECKPOINT_VERSION:
         raise ValueError(f"{path} is a checkpoint of format version {version!r}; this code reads version "
