@@ -28,6 +28,20 @@ def make_tiny_encoding():
 
 
 @pytest.fixture
+def run_cli(capsys):
+    """run_cli(main, argv) calls a script's main(argv) in-process -> (exit code, stdout, stderr)."""
+    def run(main, argv):
+        try:
+            code = main([str(a) for a in argv]) or 0
+        except SystemExit as e:
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
 def text():
     return make_text()
 

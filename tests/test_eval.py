@@ -238,25 +238,14 @@ def test_lambada_eval_matches_unpadded_passages(tmp_path):
 # the command
 
 
-def run_main(argv, capsys):
-    """main(argv) in-process -> (exit code, stdout, stderr)."""
-    try:
-        ev.main([str(a) for a in argv])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_end_to_end(tmp_path, capsys, monkeypatch):
+def test_end_to_end(tmp_path, run_cli, monkeypatch):
     meta = make_data(tmp_path / "data" / "tiny")
     models = [make_run(tmp_path / "out-tied", meta, "tied", 0, [(0, 4.0), (1000, 3.0), (2000, 2.5), (4000, 2.0)]),
               make_run(tmp_path / "out-lev", meta, "lev", 1, [(0, 4.0), (1000, 3.0), (2000, 1.0)]),
               make_run(tmp_path / "out-lev-s2", meta, "lev", 2, [(0, 4.0), (1000, 3.5), (2000, 3.0)])]
     monkeypatch.chdir(tmp_path)  # the data dir is found as data/<dataset> relative to the working directory
-    code, out, err = run_main(["out-tied", "out-lev", "out-lev-s2", "--device=cpu", "--batch_size=5",
-                               "--lambada_max=8", "--json=res/compare.json", "--plot=res/compare.png"], capsys)
+    code, out, err = run_cli(ev.main, ["out-tied", "out-lev", "out-lev-s2", "--device=cpu", "--batch_size=5",
+                                       "--lambada_max=8", "--json=res/compare.json", "--plot=res/compare.png"])
     assert code == 0, err
     assert "| tied | " in out and "| lev (out-lev) | " in out and "| lev (out-lev-s2) | " in out
     assert "| unseen | " in out and "never reached" in out and "2.67x" in out and "(baseline)" in out
@@ -276,7 +265,7 @@ def test_end_to_end(tmp_path, capsys, monkeypatch):
     assert result["baseline_final_val_loss"] == 2.0
     assert Path("res/compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir("res")) == ["compare.json", "compare.png"]  # no temporary files left
-    code, out, err = run_main(["out-tied", "out-lev", "--lambada_max=0"], capsys)
+    code, out, err = run_cli(ev.main, ["out-tied", "out-lev", "--lambada_max=0"])
     assert code == 0 and "## Token efficiency" in out and "Last-word" not in out
 
 
@@ -287,7 +276,7 @@ def test_labels():
     assert ev.labels(["a/out", "b/out"], ["lev", "lev"]) == ["lev (a/out)", "lev (b/out)"]  # same dir names
 
 
-def test_refuses_mismatched_inputs(tmp_path, capsys, monkeypatch):
+def test_refuses_mismatched_inputs(tmp_path, run_cli, monkeypatch):
     meta = make_data(tmp_path / "data" / "tiny")
     other_meta = make_data(tmp_path / "data" / "other", dataset="other")
     make_data(tmp_path / "wrong" / "tiny", dataset="other")  # a folder named tiny that holds another dataset
@@ -304,16 +293,16 @@ def test_refuses_mismatched_inputs(tmp_path, capsys, monkeypatch):
         (["a", "--batch_size=0"], "--batch_size=0 must be at least 1"),
     ]
     for argv, message in cases:
-        code, out, err = run_main(argv, capsys)
+        code, out, err = run_cli(ev.main, argv)
         assert code == 2 and message in err and err.count("\n") == 1, (argv, err)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if matplotlib were not installed
-    code, _, err = run_main(["a", "--plot=x.png"], capsys)
+    code, _, err = run_cli(ev.main, ["a", "--plot=x.png"])
     assert code == 2 and "--plot needs matplotlib" in err
 
 
-def test_command_line(tmp_path, capsys):
+def test_command_line(tmp_path, run_cli):
     """--help documents the last-word rule; the script itself reports bad input in one line, exit code 2."""
-    code, out, _ = run_main(["--help"], capsys)
+    code, out, _ = run_cli(ev.main, ["--help"])
     assert code == 0 and "teacher forcing" in out and "--lambada_max" in out and "DATA_DIR/<dataset" in out
     bad = subprocess.run([sys.executable, str(ROOT / "eval.py"), "nowhere"], cwd=tmp_path, capture_output=True,
                          text=True)

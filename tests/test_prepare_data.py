@@ -105,18 +105,7 @@ def test_unavailable_tiktoken_encodings_give_clear_errors(monkeypatch):
         prepare_data.load_encoding("o200k_base")
 
 
-def run_main(capsys, *argv):
-    """prepare_data.main in-process -> (exit code, stdout, stderr)."""
-    try:
-        prepare_data.main(list(argv))
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, capsys, monkeypatch):
+def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, run_cli, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError("no network")
 
@@ -136,7 +125,7 @@ def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, capsys, mon
         (["../up", data, f"--input={not_shakespeare}"], "plain folder name"),
     ]
     for argv, message in cases:
-        code, _, err = run_main(capsys, *argv)
+        code, _, err = run_cli(prepare_data.main, argv)
         assert code == 2, argv
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (argv, err)
     assert not (tmp_path / "mine").exists()
