@@ -283,6 +283,9 @@ class LEV(nn.Module):
             M = SplineProduct.apply(t, self.spline, self.chunk)  # (h, rank, U)
             return self.mix_heads(M.transpose(1, 2))
 
+    # Eager even inside torch.compile: the number of distinct ids changes from batch to batch, and each new count
+    # would recompile the graph; the work that matters already runs as a few large batched matmuls.
+    @torch.compiler.disable
     def forward(self, idx):
         ids, inverse = torch.unique(idx.reshape(-1), return_inverse=True)  # ~800 distinct of 2,048 ids
         self.check_ids(ids[0], ids[-1])  # sorted: the extremes are enough
