@@ -152,7 +152,7 @@ class SplineProduct(torch.autograd.Function):
     def _log_product(phi, d):
         """phi: (h*d, r, u) -> sign, log|prod over d|, each (h, r, u). Multiplies up to 8 factors directly and
         takes logs of the partial products, 8x fewer than one log per factor; fp32 holds any product of 8
-        factors in [1.5e-5, 6.5e4]. If a partial product leaves the normal range, a log per factor instead."""
+        factors in [1.9e-5, 6.5e4]. If a partial product leaves the normal range, a log per factor instead."""
         phi = phi.view(-1, d, *phi.shape[1:])  # (h, d, r, u)
         partial = phi
         for _ in range(3):
@@ -289,16 +289,18 @@ class LEV(nn.Module):
     def forward(self, idx):
         ids, inverse = torch.unique(idx.reshape(-1), return_inverse=True)  # ~800 distinct of 2,048 ids
         self.check_ids(ids[0], ids[-1])  # sorted: the extremes are enough
+        if torch.is_grad_enabled():
+            self._cache_key = None  # training: the weights are about to change, whatever the optimizer
         use_cache = self.use_cache and not torch.is_grad_enabled()
         emb = self.cached(ids) if use_cache else self.embed_distinct(ids)
         return emb[inverse].view(*idx.shape, self.n_embd)
 
     def cached(self, ids):
         """Embeddings of distinct ids with gradients off: computed on first use, then looked up. The cache is
-        keyed on each parameter's storage and its `_version`, the counter PyTorch bumps on every in-place
-        change made through the parameter (optimizer steps, load_state_dict, in-place ops under no_grad), so
-        those can never leave a stale entry. (Writes through `p.data` bypass the counter: call with a fresh
-        model, or set use_cache=False, if you edit weights that way.)"""
+        emptied by every forward with gradients on (a training step), and keyed on each parameter's storage and
+        its `_version`, the counter PyTorch bumps on in-place changes made through the parameter
+        (load_state_dict, in-place ops under no_grad, non-fused optimizers). Writes that bypass the counter
+        (`p.data`, fused optimizer kernels) after a no-grad forward need use_cache=False or a fresh model."""
         # tensors made under inference_mode cannot be updated outside it (and vice versa): part of the key
         key = (torch.is_inference_mode_enabled(), *((p.data_ptr(), p._version) for p in self.parameters()))
         if key != self._cache_key:
@@ -375,11 +377,9 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, nh, T_past + T, hs)
-        # a single new token attends to everything before it; T new tokens after a past need an offset mask
-        is_causal = T > 1
-        if is_causal and k.shape[2] != T:
-            raise NotImplementedError("feeding several tokens after a non-empty KV cache is not supported")
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+        # T tokens into an empty cache: causal; one token after a past: it attends to all of it (GPT.forward
+        # refuses several tokens after a past, which would need an offset mask)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
         return self.resid_dropout(self.proj(y))
@@ -456,6 +456,8 @@ class GPT(nn.Module):
         pos = cache.pos if cache is not None else 0
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of {pos + T} tokens is longer than block_size={self.config.block_size}")
+        if pos > 0 and T > 1:
+            raise NotImplementedError("feeding several tokens after a non-empty KV cache is not supported")
         if self.config.embedding != "lev" and not torch.compiler.is_compiling():
             lo, hi = torch.aminmax(idx)
             for i in (int(lo), int(hi)):
