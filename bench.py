@@ -37,7 +37,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype on CUDA (auto: bfloat16 when supported); CPU always runs float32")
+                   help="autocast dtype (auto: bfloat16 on CUDA when supported, else float32)")
     p.add_argument("--compile", action="store_true", help="torch.compile the models")
     p.add_argument("--embedding", default=ARMS_DEFAULT, help=f"comma-separated arms, from {', '.join(EMBEDDINGS)}")
     p.add_argument("--tables", default="train,lev,gen", help="which tables to run: train, lev, gen")
@@ -52,8 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--lev_ids", type=int, default=8192, help="N for table 2 (all distinct, random)")
     p.add_argument("--lev_embd", type=int, default=256, help="n_embd for table 2")
-    p.add_argument("--plain_max", type=int, default=8192,
-                   help="skip the plain recipe above this N (it needs ~1.5 GB per 1,000 ids)")
+    p.add_argument("--plain_max", type=int, default=1024,
+                   help="time the plain recipe on at most this many of the N ids (it needs ~1.5 GB per 1,000)")
     p.add_argument("--gen_tokens", type=int, default=500)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
@@ -71,6 +71,9 @@ def parse_args(argv=None):
         p.error("--device=cuda but no CUDA device is available")
     if args.dtype == "auto":
         args.dtype = "bfloat16" if args.device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if args.device == "cuda":  # as train.py
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     return args
 
 
@@ -100,7 +103,8 @@ def batch_source(args):
         data, vocab_size, what = load_split(os.path.join("data", args.dataset), "train"), meta["vocab_size"], path
     else:
         rng = np.random.default_rng(args.seed)
-        data = np.minimum(rng.zipf(1.1, size=1_000_000) - 1, args.vocab_size - 1)
+        data = rng.zipf(1.1, size=2_000_000) - 1
+        data = data[data < args.vocab_size]  # rejection, not clamping: no pile-up on the last id
         vocab_size, what = args.vocab_size, f"Zipf(1.1) ids over V={args.vocab_size} ({path} not found)"
     T = args.block_size
 
@@ -139,34 +143,34 @@ def backbone_flops_per_token(model):
     return 6 * model.param_report()["backbone"] + 12 * c.n_layer * c.block_size * c.n_embd
 
 
-def peak_rss_child(arm, args, queue):
-    """In a fresh process: a few training steps of one arm, then its peak resident memory (MiB)."""
+def peak_memory_child(arm, args, queue):
+    """In a fresh process, this arm alone: two training steps, then the peak memory in MiB (CUDA: the most
+    allocated; CPU: peak resident memory, VmHWM, as ru_maxrss would carry the parent's peak across exec)."""
     torch.set_num_threads(1)
     vocab_size, get_batch, _ = batch_source(args)
     model, optimizer = build(arm, vocab_size, args)
     gen = torch.Generator().manual_seed(args.seed)
     for _ in range(2):
         train_step(model, optimizer, *get_batch(gen), args)
-    with open("/proc/self/status") as f:  # VmHWM: this process's peak RSS (ru_maxrss survives exec on Linux)
+    if args.device == "cuda":
+        queue.put(torch.cuda.max_memory_allocated() / 2**20)
+        return
+    with open("/proc/self/status") as f:
         hwm = [line for line in f if line.startswith("VmHWM:")]
     queue.put(int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def peak_memory_mib(arm, args, step):
-    """CUDA: max allocated over one step. CPU: peak RSS of a fresh process running this arm alone."""
-    if args.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        return torch.cuda.max_memory_allocated() / 2**20
-    if args.device == "cpu":
-        ctx = multiprocessing.get_context("spawn")
-        queue = ctx.Queue()
-        child = ctx.Process(target=peak_rss_child, args=(arm, args, queue))
-        child.start()
-        rss = queue.get()
-        child.join()
-        return rss
-    return float("nan")
+def peak_memory_mib(arm, args):
+    """Peak memory of a training step of one arm, measured in a fresh process so that arms do not mix."""
+    if args.device not in ("cpu", "cuda"):
+        return float("nan")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=peak_memory_child, args=(arm, args, queue))
+    child.start()
+    peak = queue.get()
+    child.join()
+    return peak
 
 
 def train_table(args, results):
@@ -191,9 +195,9 @@ def train_table(args, results):
     print("|---|---|---:|---:|---:|---:|")
     ref = statistics.median(times["tied"]) if "tied" in times else None
     rows = {}
-    for arm, (model, opt) in steppers.items():
+    for arm in steppers:
         ms = statistics.median(times[arm]) * 1000
-        mem = peak_memory_mib(arm, args, lambda m=model, o=opt: train_step(m, o, *get_batch(gen), args))
+        mem = peak_memory_mib(arm, args)
         rep = models[arm][0].param_report()
         ratio = ms / (ref * 1000) if ref else float("nan")
         rows[arm] = {"params": rep, "ms_per_step": ms, "tokens_per_s": args.batch_size * args.block_size / ms * 1e3,
@@ -201,7 +205,7 @@ def train_table(args, results):
         print(f"| {arm} | {rep['input_embedding']:,} / {rep['backbone']:,} / {rep['head']:,} | {ms:.0f} | "
               f"{rows[arm]['tokens_per_s']:,.0f} | {mem:,.0f} | {ratio:.3f} |")
     if args.device == "cuda":
-        peak = 989e12  # H100/H200 dense bf16 tensor-core peak
+        peak = 989e12  # H100/H200 dense bf16 tensor-core peak; other GPUs: scale by their own
         for arm, row in rows.items():
             flops = backbone_flops_per_token(models[arm][0])
             row["backbone_mfu"] = flops * row["tokens_per_s"] / peak
@@ -223,6 +227,8 @@ def lev_table(args, results):
 
     def fwd_bwd(fn, x):
         fn(x).square().mean().backward()
+        lev.zero_grad(set_to_none=True)  # no gradient accumulation into old .grad between repeats
+        emb.zero_grad(set_to_none=True)
 
     def median_ms(repeats, fn, *fn_args):
         fn(*fn_args)  # warm-up
@@ -235,8 +241,11 @@ def lev_table(args, results):
         f"LEV fast path, a text batch ({len(text_ids):,} ids, {len(text_ids.unique()):,} distinct)":
             median_ms(5, fwd_bwd, lev, text_ids),
     }
-    if N <= args.plain_max:
-        rows[f"LEV plain recipe, {N:,} ids"] = median_ms(1, fwd_bwd, lev.reference, ids)
+    n_plain = min(N, args.plain_max)
+    rows[f"LEV plain recipe (LEV.reference), {n_plain:,} distinct ids"] = median_ms(1, fwd_bwd, lev.reference,
+                                                                                    ids[:n_plain])
+    if n_plain < N:
+        rows[f"LEV fast path, the same {n_plain:,} ids"] = median_ms(3, fwd_bwd, lev, ids[:n_plain])
     rows[f"LEV materialise the whole {V:,} x {D} table (no grad)"] = median_ms(1, lev.table)
     print(f"text batch: {what}\n\n| what | ms |\n|---|---:|")
     for k, v in rows.items():
@@ -247,7 +256,8 @@ def lev_table(args, results):
 def gen_table(args, results):
     vocab_size, _, _ = batch_source(args)
     n = args.gen_tokens
-    print(f"\n## Generation: {n} new tokens, greedy, batch 1, block_size {args.block_size}, {args.device}")
+    print(f"\n## Generation: {n} new tokens, greedy, batch 1, block_size {args.block_size}, {args.device}, "
+          f"float32, eager (random-init models; speed does not depend on the weights)")
     print("| arm | KV cache | LEV cache | tokens/s |\n|---|---|---|---:|")
     rows = []
     for arm in args.arms:
@@ -258,6 +268,7 @@ def gen_table(args, results):
         for kv, lev_cache in variants:
             if arm == "lev":
                 model.tok_emb.use_cache = lev_cache
+            model.generate(prompt, 8, 0.0, None, None, kv)  # warm-up
             seconds = timed(args.device, model.generate, prompt, n, 0.0, None, None, kv)
             rows.append({"arm": arm, "kv_cache": kv, "lev_cache": lev_cache if arm == "lev" else None,
                          "tokens_per_s": n / seconds})
