@@ -578,12 +578,18 @@ def load_checkpoint(path, device="cpu"):
     if version != CHECKPOINT_VERSION:
         raise ValueError(f"{path} is a checkpoint of format version {version!r}; this code reads version "
                          f"{CHECKPOINT_VERSION}. Retrain, or use the leviathan version that wrote it.")
-    fields = set(Config.__dataclass_fields__)
-    unknown = set(ckpt["model_config"]) - fields
+    missing = [key for key in ("model", "model_config") if key not in ckpt]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by train.py")
+    unknown = set(ckpt["model_config"]) - set(Config.__dataclass_fields__)
     if unknown:
         raise ValueError(f"{path} has model settings this code does not know: {', '.join(sorted(unknown))}")
     model = GPT(Config(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:  # it lists every tensor that does not fit: one line, the start of the list
+        detail = " ".join(str(e).split())[:300]
+        raise ValueError(f"{path}: the weights do not fit its model settings ({detail})") from None
     return model.to(device).eval(), ckpt
 
 

@@ -1,7 +1,7 @@
 """
 Sample text from a trained leviathan model, streamed to the terminal as it is generated.
 
-    python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=300
+    python sample.py --out_dir=out-shakespeare-cpu-lev --start="ROMEO:" --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0      # greedy
     python sample.py --out_dir=out --num_samples=1 --no_kv_cache                # measure the KV cache
 

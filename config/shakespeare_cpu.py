@@ -18,7 +18,7 @@ block_size = 128
 dropout = 0.0
 
 # 300 steps of 16 x 128 = 2,048 tokens: 614k tokens, about 2 passes over the 302k training tokens
-# (~8 minutes per arm on 2 CPU cores)
+# (10 to 13 minutes per arm on 2 CPU cores, evaluations included)
 batch_size = 16
 gradient_accumulation_steps = 1
 max_iters = 300
