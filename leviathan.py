@@ -40,7 +40,7 @@ class Config:
     n_lev_heads: int = 8  # h: independent separable modes, summed
     n_knots: int = 16  # kappa: evenly spaced knots of the quadratic B-spline on [0, 1]
     lev_rank: int = 64  # r: outputs of each per-dimension spline, i.e. length of a mode vector
-    lev_chunk: int = 64  # ids processed together by LEV's fast path (bounds its memory, not its result)
+    lev_chunk: int = 128  # ids processed together by LEV's fast path (bounds its memory, not its result)
 
     def __post_init__(self):
         def need(ok, msg):
@@ -132,24 +132,26 @@ class SplineProduct(torch.autograd.Function):
 
     Autograd would keep several (h, d_seed, rank, U) tensors: 8 x 128 x 64 floats = 256 KiB per id, ~12 GB for
     8,192 ids. Here forward keeps only t, S and M, and both passes walk the ids `chunk` at a time, so that phi
-    (16 MiB for 64 ids) stays in cache across the few passes over it. Backward recomputes phi and applies the
-    exact gradient of the product:  dL/dphi[h,d,r,u] = dL/dM[h,r,u] * M[h,r,u] / phi[h,d,r,u].
+    (32 MiB for 128 ids) stays small and its buffers are reused from chunk to chunk. Backward recomputes phi
+    and applies the exact gradient of the product:  dL/dphi[h,d,r,u] = dL/dM[h,r,u] * M[h,r,u] / phi[h,d,r,u].
     The spline is one batched matmul over (h, d) with a basis that is dense along the knots but built from
     its 3 non-zero entries; S is padded with a zero knot at each end so that j-1 and j+1 always exist. Ids are
     the last axis: on CPU the matmuls run 2-3x faster in this layout than with ids first.
     """
 
     @staticmethod
-    def _phi(t, S_padded):
+    def _phi(t, S_padded, workspace):
         # t: (h, d, u), S_padded: (h*d, n_knots + 2, r) -> phi (h*d, r, u), basis (h*d, n_knots + 2, u), at, dw
-        hd, n_padded, _ = S_padded.shape
+        hd, n_padded, r = S_padded.shape
         j, w3, dw = bspline_basis3(t.reshape(hd, -1), n_padded - 2)  # (h*d, u), (h*d, u, 3) x2
+        u = j.shape[1]
         at = j.unsqueeze(1) + torch.arange(3, device=t.device).view(3, 1)  # (h*d, 3, u): knots j-1, j, j+1
-        w = t.new_zeros(hd, n_padded, j.shape[1]).scatter_(1, at, w3.transpose(1, 2))
-        return torch.bmm(S_padded.transpose(1, 2), w), w, at, dw.transpose(1, 2)
+        w = workspace.get("w", hd, n_padded, u).zero_().scatter_(1, at, w3.transpose(1, 2))
+        phi = torch.bmm(S_padded.transpose(1, 2), w, out=workspace.get("phi", hd, r, u))
+        return phi, w, at, dw.transpose(1, 2)
 
     @staticmethod
-    def _log_product(phi, d):
+    def _log_product(phi, d, workspace=None):
         """phi: (h*d, r, u) -> sign, log|prod over d|, each (h, r, u). Multiplies up to 8 factors directly and
         takes logs of the partial products, 8x fewer than one log per factor; fp32 holds any product of 8
         factors in [1.9e-5, 6.5e4]. If a partial product leaves the normal range, a log per factor instead."""
@@ -159,7 +161,11 @@ class SplineProduct(torch.autograd.Function):
             if partial.shape[1] % 2:
                 break
             half = partial.shape[1] // 2
-            partial = partial[:, :half] * partial[:, half:]
+            if partial is phi:  # the first product into a new buffer (phi stays, for the fallback), then in place
+                out = workspace.get("partial", *phi[:, :half].shape) if workspace else None
+                partial = torch.mul(phi[:, :half], phi[:, half:], out=out)
+            else:
+                partial = partial[:, :half].mul_(partial[:, half:])
         sign, log_abs = signed_log_product(partial, dim=1)
         if not (log_abs.isfinite().all() and partial.abs().min() >= torch.finfo(phi.dtype).tiny):
             sign, log_abs = signed_log_product(phi, dim=1)
@@ -169,10 +175,11 @@ class SplineProduct(torch.autograd.Function):
     def forward(ctx, t, S, chunk):
         h, d, n_knots, r = S.shape
         S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
+        workspace = Workspace(t)
         modes = []
         for c in range(0, t.shape[2], chunk):
-            phi, _, _, _ = SplineProduct._phi(t[:, :, c:c + chunk], S_padded)
-            sign, log_abs = SplineProduct._log_product(phi, d)
+            phi, _, _, _ = SplineProduct._phi(t[:, :, c:c + chunk], S_padded, workspace)
+            sign, log_abs = SplineProduct._log_product(phi, d, workspace)
             modes.append(sign * log_abs.exp())  # (h, r, chunk)
         M = torch.cat(modes, dim=2)  # (h, r, U)
         ctx.save_for_backward(t, S, M)
@@ -186,14 +193,30 @@ class SplineProduct(torch.autograd.Function):
         S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
         grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
         G = (grad_M * M).unsqueeze(1)  # (h, 1, r, U): dL/dM * M, shared by the d factors
+        workspace = Workspace(t)
         for c in range(0, t.shape[2], ctx.chunk):
-            phi, w, at, dw = SplineProduct._phi(t[:, :, c:c + ctx.chunk], S_padded)
+            phi, w, at, dw = SplineProduct._phi(t[:, :, c:c + ctx.chunk], S_padded, workspace)
             u = phi.shape[2]
-            grad_phi = (G[..., c:c + u] / phi.view(h, d, r, u)).view(h * d, r, u)
+            grad_phi = phi.view(h, d, r, u).reciprocal_().mul_(G[..., c:c + u]).view(h * d, r, u)  # in place
             grad_S.baddbmm_(w, grad_phi.transpose(1, 2))
-            grad_w = torch.bmm(S_padded, grad_phi).gather(1, at)  # (h*d, 3, u)
-            grad_t[:, :, c:c + u] = (grad_w * dw).sum(1).view(h, d, u)
+            grad_w = torch.bmm(S_padded, grad_phi, out=workspace.get("grad_w", h * d, n_knots + 2, u))
+            grad_t[:, :, c:c + u] = (grad_w.gather(1, at) * dw).sum(1).view(h, d, u)
         return grad_t, grad_S.view(h, d, n_knots + 2, r)[:, :, 1:-1], None
+
+
+class Workspace:
+    """Buffers reused by every chunk of one SplineProduct pass. Allocating a fresh 16 MiB phi per chunk costs
+    more than the arithmetic on CPU, where each large allocation comes back as new, zero-filled pages."""
+
+    def __init__(self, like):
+        self.like, self.buffers = like, {}
+
+    def get(self, name, *shape):
+        """A contiguous (shape) tensor over the start of buffer `name`, grown when too small."""
+        n = math.prod(shape)
+        if name not in self.buffers or self.buffers[name].numel() < n:
+            self.buffers[name] = self.like.new_empty(n)
+        return self.buffers[name][:n].view(shape)
 
 
 class LEV(nn.Module):
@@ -215,7 +238,7 @@ class LEV(nn.Module):
     """
 
     def __init__(self, vocab_size, n_embd, n_digits=3, d_seed=128, n_lev_heads=8, n_knots=16, lev_rank=64,
-                 lev_chunk=64):
+                 lev_chunk=128):
         super().__init__()
         self.vocab_size, self.n_embd, self.n_knots, self.chunk = vocab_size, n_embd, n_knots, lev_chunk
         self.base = digit_base(vocab_size, n_digits)
