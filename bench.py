@@ -48,6 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--n_embd", type=int, default=128)
     p.add_argument("--block_size", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--lev_chunk", type=int, default=Config.lev_chunk, help="ids per chunk of LEV's fast path")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per arm (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--lev_ids", type=int, default=8192, help="N for table 2 (all distinct, random)")
@@ -120,7 +121,7 @@ def batch_source(args):
 def build(arm, vocab_size, args):
     torch.manual_seed(args.seed)
     config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                    n_embd=args.n_embd, embedding=arm)
+                    n_embd=args.n_embd, embedding=arm, lev_chunk=args.lev_chunk)
     model = GPT(config).to(args.device)
     optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
     return model, optimizer
@@ -219,7 +220,7 @@ def lev_table(args, results):
     N, D, V = args.lev_ids, args.lev_embd, args.vocab_size
     print(f"\n## LEV alone: N ids -> (N, {D}), forward + backward, V = {V:,}, {args.device}")
     torch.manual_seed(args.seed)
-    lev = LEV(V, D).to(args.device)
+    lev = LEV(V, D, lev_chunk=args.lev_chunk).to(args.device)
     emb = torch.nn.Embedding(V, D).to(args.device)
     ids = torch.randperm(V, device=args.device)[:N]  # all distinct: the worst case for LEV
     _, get_batch, what = batch_source(argparse.Namespace(**{**vars(args), "vocab_size": V}))
