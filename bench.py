@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from leviathan import EMBEDDINGS, GPT, LEV, Config
+from leviathan import EMBEDDINGS, GPT, LEV, Config, resolve_device
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
@@ -66,10 +66,10 @@ def parse_args(argv=None):
     args.tables = set(args.tables.split(","))
     if not args.tables <= {"train", "lev", "gen"}:
         p.error(f"--tables={','.join(sorted(args.tables))}: choose among train, lev, gen")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device=cuda but no CUDA device is available")
+    try:
+        args.device = resolve_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
     if args.dtype == "auto":
         args.dtype = "bfloat16" if args.device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     if args.device == "cuda":  # as train.py

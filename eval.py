@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import leviathan
 from leviathan import load_checkpoint
 from prepare_data import eval_windows, get_tokenizer, load_meta, load_split
 
@@ -58,16 +59,11 @@ def fail(msg):
 
 
 def resolve_device(name):
-    """'auto' -> cuda if available, else mps, else cpu; an explicit device must be available."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        return "mps" if torch.backends.mps.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        fail("--device=cuda but torch sees no CUDA GPU; use --device=cpu or --device=auto")
-    if name == "mps" and not torch.backends.mps.is_available():
-        fail("--device=mps but this torch has no MPS (Apple GPU) support; use --device=cpu or --device=auto")
-    return name
+    """leviathan.resolve_device, a missing device reported as bad input."""
+    try:
+        return leviathan.resolve_device(name)
+    except ValueError as err:
+        fail(str(err))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -64,6 +64,14 @@ class Config:
 # 1. LEV: token index -> embedding, as a compact continuous function
 
 
+def check_ids(lo, hi, vocab_size):
+    """Raise a ValueError naming the first id outside [0, V), given the smallest and largest ids of a batch."""
+    for i in (int(lo), int(hi)):
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"token id {i} is outside the vocabulary [0, {vocab_size}); "
+                             f"was the data tokenized with another tokenizer than this model's?")
+
+
 def digit_base(vocab_size, n_digits):
     """The smallest integer b with b ** n_digits >= vocab_size, i.e. ceil(V ** (1/k)), in exact integers
     (float pow can land on the wrong side, e.g. 125 ** (1/3) = 4.999...)."""
@@ -259,13 +267,6 @@ class LEV(nn.Module):
 
     # -- the recipe, step by step (shared by both paths) --
 
-    def check_ids(self, lo, hi):
-        """Raise a ValueError naming the first id outside [0, V), given the smallest and largest ids."""
-        for i in (int(lo), int(hi)):
-            if not 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is outside the vocabulary [0, {self.vocab_size}); "
-                                 f"was the data tokenized with another tokenizer than this model's?")
-
     def digits(self, idx):
         return torch.div(idx.unsqueeze(-1), self.place, rounding_mode="floor") % self.base  # (..., k)
 
@@ -286,7 +287,7 @@ class LEV(nn.Module):
 
     def reference(self, idx):
         """The plain recipe, with every intermediate materialised: idx (...) -> (..., n_embd)."""
-        self.check_ids(idx.min(), idx.max())
+        check_ids(*torch.aminmax(idx), self.vocab_size)
         flat = idx.reshape(-1)
         t = self.unit_coords(self.seed(flat))  # (h, N, d_seed)
         w = bspline_basis(t, self.n_knots)  # (h, N, d_seed, n_knots)
@@ -311,7 +312,7 @@ class LEV(nn.Module):
     @torch.compiler.disable
     def forward(self, idx):
         ids, inverse = torch.unique(idx.reshape(-1), return_inverse=True)  # ~800 distinct of 2,048 ids
-        self.check_ids(ids[0], ids[-1])  # sorted: the extremes are enough
+        check_ids(ids[0], ids[-1], self.vocab_size)  # sorted: the extremes are enough
         if torch.is_grad_enabled():
             self._cache_key = None  # training: the weights are about to change, whatever the optimizer
         use_cache = self.use_cache and not torch.is_grad_enabled()
@@ -482,10 +483,7 @@ class GPT(nn.Module):
         if pos > 0 and T > 1:
             raise NotImplementedError("feeding several tokens after a non-empty KV cache is not supported")
         if self.config.embedding != "lev" and not torch.compiler.is_compiling():
-            lo, hi = torch.aminmax(idx)
-            for i in (int(lo), int(hi)):
-                if not 0 <= i < self.config.vocab_size:
-                    raise ValueError(f"token id {i} is outside the vocabulary [0, {self.config.vocab_size})")
+            check_ids(*torch.aminmax(idx), self.config.vocab_size)
         x = self.drop(self.tok_emb(idx))  # (B, T, n_embd); LEV checks its ids itself
         cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]
         for block in self.blocks:
@@ -575,7 +573,19 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Checkpoints (written by train.py, read by train.py --init_from=resume, sample.py, eval.py)
+# Checkpoints (written by train.py, read by train.py --init_from=resume, sample.py, eval.py) and devices
+
+
+def resolve_device(name):
+    """'auto' -> cuda if available, else mps, else cpu; an explicit device must be available (else ValueError)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device=cuda but torch sees no CUDA GPU; use --device=cpu or --device=auto")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device=mps but this torch has no MPS (Apple GPU) support; use --device=cpu or auto")
+    return name
+
 
 CHECKPOINT_VERSION = 1
 

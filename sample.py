@@ -82,13 +82,11 @@ def parse_args(argv):
 
 
 def pick_device(name):
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        fail("--device=cuda but PyTorch sees no CUDA GPU; use --device=cpu (or auto)")
-    if name == "mps" and not torch.backends.mps.is_available():
-        fail("--device=mps but this PyTorch/machine has no MPS backend; use --device=cpu (or auto)")
-    return name
+    """leviathan.resolve_device, a missing device reported as bad input."""
+    try:
+        return leviathan.resolve_device(name)
+    except ValueError as e:
+        fail(str(e))
 
 
 def read_prompt(start):

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from leviathan import CHECKPOINT_VERSION, EMBEDDINGS, GPT, Config, load_checkpoint
+from leviathan import CHECKPOINT_VERSION, EMBEDDINGS, GPT, Config, load_checkpoint, resolve_device
 
 # ----------------------------------------------------------------------------------------------------------
 # Settings: name -> (default, help). The model's come from leviathan.Config, the one source of their defaults.
@@ -269,13 +269,7 @@ def train(s, explicit):
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     master = rank == 0
     log = print if master else (lambda *args, **kwargs: None)
-    device_name = s["device"]
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if device_name == "cuda" and not torch.cuda.is_available():
-        raise SettingsError("device=cuda but torch sees no CUDA device; use --device=cpu (or auto)")
-    if device_name == "mps" and not torch.backends.mps.is_available():
-        raise SettingsError("device=mps but torch sees no MPS device; use --device=cpu (or auto)")
+    device_name = resolve_device(s["device"])  # a ValueError, reported like a bad setting
     if ddp and device_name == "mps":
         raise SettingsError("DDP (torchrun) runs on cuda (nccl) or cpu (gloo), not mps; use --device=cpu")
     device = torch.device(f"cuda:{local_rank}" if device_name == "cuda" and ddp else device_name)
