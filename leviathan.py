@@ -16,6 +16,7 @@ The file reads top to bottom:
 """
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,8 @@ class Config:
     n_lev_heads: int = 8  # h: independent separable modes, summed
     n_knots: int = 16  # kappa: evenly spaced knots of the quadratic B-spline on [0, 1]
     lev_rank: int = 64  # r: outputs of each per-dimension spline, i.e. length of a mode vector
-    lev_chunk: int = 128  # ids processed together by LEV's fast path (bounds its memory, not its result)
+    lev_chunk: int = 64  # ids processed together by LEV's fast path (bounds its memory, not its result)
+    lev_compile: bool = True  # in training, torch.compile LEV's two kernels (eager where that fails; same result)
 
     def __post_init__(self):
         def need(ok, msg):
@@ -52,6 +54,7 @@ class Config:
                      "n_lev_heads", "n_knots", "lev_rank", "lev_chunk"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
                  f"{name}={getattr(self, name)!r} must be a positive integer")
+        need(isinstance(self.lev_compile, bool), f"lev_compile={self.lev_compile!r} must be True or False")
         need(self.vocab_size >= 2, f"vocab_size={self.vocab_size} must be at least 2")
         need(self.n_knots >= 3, f"n_knots={self.n_knots} must be at least 3 (a quadratic spline spans 3 knots)")
         need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
@@ -132,66 +135,108 @@ def bspline_basis3(t, n_knots):
     return j.long(), w, dw
 
 
+def spline_3knots(S_padded, j, w):
+    """phi[i, u, :] = sum_m w[i, u, m] * S_padded[i, j[i, u] + m, :]: the spline of each of the h*d seed
+    dimensions i at each of u points, from only the 3 non-zero knots of its basis (bspline_basis3).
+
+    S_padded: (h*d, n_knots + 2, r), S with a zero knot at each end; j: (h*d, u); w: (h*d, u, 3) -> (h*d, u, r).
+    Under torch.compile the gather is written as indexing, which inductor fuses into whatever consumes phi, so
+    phi never reaches memory. Eagerly, F.embedding_bag gathers and sums the 3 rows in one pass instead of eight.
+    """
+    hd, n_padded, r = S_padded.shape
+    if torch.compiler.is_compiling():
+        i = torch.arange(hd, device=j.device).unsqueeze(1)
+        return sum(w[..., m, None] * S_padded[i, j + m] for m in range(3))
+    first_row = torch.arange(hd, device=j.device).unsqueeze(1) * n_padded  # of each i, in S_padded.view(-1, r)
+    rows = (first_row + j).unsqueeze(-1) + torch.arange(3, device=j.device)  # (h*d, u, 3)
+    phi = F.embedding_bag(rows.reshape(-1, 3), S_padded.view(-1, r), mode="sum",
+                          per_sample_weights=w.reshape(-1, 3))
+    return phi.view(hd, -1, r)
+
+
+def log_mode_chunk(t, S_padded, group):
+    """Forward of SplineProduct for a chunk of u ids: t (u, h, d) -> sign, log|M| (u, h, r), and the smallest
+    |partial product| (to detect a partial product outside fp32's normal range).
+
+    The product over d multiplies groups of `group` factors directly and takes logs of those partial products,
+    8x fewer logs than one per factor for group=8; fp32 holds any product of 8 factors in [1.9e-5, 6.5e4]."""
+    u, h, d = t.shape
+    n_padded, r = S_padded.shape[1:]
+    j, w, _ = bspline_basis3(t.reshape(u, h * d).T, n_padded - 2)  # (h*d, u), (h*d, u, 3)
+    phi = spline_3knots(S_padded, j, w).view(h, d // group, group, u, r)
+    partial = phi.prod(2)  # (h, d / group, u, r)
+    sign, log_abs = signed_log_product(partial, dim=1)  # (h, u, r)
+    return sign.transpose(0, 1), log_abs.transpose(0, 1), partial.abs().amin()
+
+
+def log_mode_chunk_backward(t, S_padded, G):
+    """Backward of SplineProduct for a chunk of u ids, phi recomputed: t (u, h, d), G = dL/dM * M (u, h, r)
+    -> dL/dt (u, h, d), dL/dS_padded (h*d, n_knots + 2, r). With M = prod_d phi:
+        dL/dphi[h, d, u, :] = G[u, h, :] / phi[h, d, u, :]
+        dL/dt               = sum_r dL/dphi * dphi/dt,   dphi/dt = the spline with the basis' derivatives
+        dL/dS[h, d, k, :]   = sum_u w_k(t[u, h, d]) dL/dphi[h, d, u, :]"""
+    u, h, d = t.shape
+    n_padded, r = S_padded.shape[1:]
+    j, w, dw = bspline_basis3(t.reshape(u, h * d).T, n_padded - 2)  # (h*d, u), (h*d, u, 3) x2
+    phi = spline_3knots(S_padded, j, w).view(h, d, u, r)
+    grad_phi = (G.transpose(0, 1).unsqueeze(1) / phi).view(h * d, u, r)
+    grad_t = (grad_phi * spline_3knots(S_padded, j, dw)).sum(-1)  # (h*d, u)
+    # dL/dS as one batched matmul, over a dense basis (h*d, n_knots + 2, u) holding the 3 weights of each t
+    knots = j.unsqueeze(1) + torch.arange(3, device=t.device).view(3, 1)  # (h*d, 3, u)
+    basis = torch.zeros(h * d, n_padded, u, dtype=t.dtype, device=t.device).scatter_(1, knots, w.transpose(1, 2))
+    return grad_t.T.reshape(u, h, d), torch.bmm(basis, grad_phi)
+
+
+_compiled_kernels = {}  # kernel -> its torch.compile wrapper; "failed" -> why compiling did not work
+
+
+def run_kernel(kernel, *args, compile=True):
+    """kernel(*args), through torch.compile when `compile` is set. Compiling fuses the gather, the spline, the
+    product and the logs into a few loops, several times faster than eager on CPU (README, "Speed"). Where the
+    compiled call fails but the eager one works (e.g. no C++ compiler for inductor's CPU backend), warn once
+    and run eagerly from then on. Both compute the same sums (tests/test_compile.py)."""
+    if not compile or "failed" in _compiled_kernels:
+        return kernel(*args)
+    if kernel not in _compiled_kernels:
+        _compiled_kernels[kernel] = torch.compile(kernel)
+    try:
+        return _compiled_kernels[kernel](*args)
+    except Exception as error:
+        result = kernel(*args)  # a genuine error raises again here, from the plain code
+        _compiled_kernels["failed"] = error
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"LEV: torch.compile of its kernels failed ({type(error).__name__}: {reason}); they run "
+                      f"eagerly from now on, several times slower. lev_compile=False skips the attempt.",
+                      stacklevel=3)
+        return result
+
+
 class SplineProduct(torch.autograd.Function):
     """The heavy core of LEV: unit coordinates t -> rank-1 separable modes M, recomputed in backward.
 
-        phi[h, d, r, u] = sum_j S[h, d, j, r] * w(t[h, d, u])_j      (per-dimension spline, r outputs)
-        M[h, r, u]      = prod_d phi[h, d, r, u]                      (sign and log|M| kept apart)
+        phi[u, h, d, :] = sum_k w_k(t[u, h, d]) S[h, d, k, :]     (per-dimension spline, r outputs)
+        M[u, h, :]      = prod_d phi[u, h, d, :]                   (sign and log|M| kept apart)
 
-    Autograd would keep several (h, d_seed, rank, U) tensors: 8 x 128 x 64 floats = 256 KiB per id, ~12 GB for
-    8,192 ids. Here forward keeps only t, S and M, and both passes walk the ids `chunk` at a time, so that phi
-    (32 MiB for 128 ids) stays small and its buffers are reused from chunk to chunk. Backward recomputes phi
-    and applies the exact gradient of the product:  dL/dphi[h,d,r,u] = dL/dM[h,r,u] * M[h,r,u] / phi[h,d,r,u].
-    The spline is one batched matmul over (h, d) with a basis that is dense along the knots but built from
-    its 3 non-zero entries; S is padded with a zero knot at each end so that j-1 and j+1 always exist. Ids are
-    the last axis: on CPU the matmuls run 2-3x faster in this layout than with ids first.
+    Autograd would keep several (U, h, d_seed, rank) tensors: 8 x 128 x 64 floats = 256 KiB per id, ~12 GB for
+    8,192 ids. Here forward keeps only t, S and M; both passes walk the ids `chunk` at a time (log_mode_chunk
+    and log_mode_chunk_backward), so that phi stays small, and backward recomputes it. Only 3 knots of each
+    basis are non-zero, and S is padded with a zero knot at each end so that knots j-1 and j+1 always exist.
     """
 
     @staticmethod
-    def _phi(t, S_padded, workspace):
-        # t: (h, d, u), S_padded: (h*d, n_knots + 2, r) -> phi (h*d, r, u), basis (h*d, n_knots + 2, u), at, dw
-        hd, n_padded, r = S_padded.shape
-        j, w3, dw = bspline_basis3(t.reshape(hd, -1), n_padded - 2)  # (h*d, u), (h*d, u, 3) x2
-        u = j.shape[1]
-        at = j.unsqueeze(1) + torch.arange(3, device=t.device).view(3, 1)  # (h*d, 3, u): knots j-1, j, j+1
-        w = workspace.get("w", hd, n_padded, u).zero_().scatter_(1, at, w3.transpose(1, 2))
-        phi = torch.bmm(S_padded.transpose(1, 2), w, out=workspace.get("phi", hd, r, u))
-        return phi, w, at, dw.transpose(1, 2)
-
-    @staticmethod
-    def _log_product(phi, d, workspace=None):
-        """phi: (h*d, r, u) -> sign, log|prod over d|, each (h, r, u). Multiplies up to 8 factors directly and
-        takes logs of the partial products, 8x fewer than one log per factor; fp32 holds any product of 8
-        factors in [1.9e-5, 6.5e4]. If a partial product leaves the normal range, a log per factor instead."""
-        phi = phi.view(-1, d, *phi.shape[1:])  # (h, d, r, u)
-        partial = phi
-        for _ in range(3):
-            if partial.shape[1] % 2:
-                break
-            half = partial.shape[1] // 2
-            if partial is phi:  # the first product into a new buffer (phi stays, for the fallback), then in place
-                out = workspace.get("partial", *phi[:, :half].shape) if workspace else None
-                partial = torch.mul(phi[:, :half], phi[:, half:], out=out)
-            else:
-                partial = partial[:, :half].mul_(partial[:, half:])
-        sign, log_abs = signed_log_product(partial, dim=1)
-        if not (log_abs.isfinite().all() and partial.abs().min() >= torch.finfo(phi.dtype).tiny):
-            sign, log_abs = signed_log_product(phi, dim=1)
-        return sign, log_abs
-
-    @staticmethod
-    def forward(ctx, t, S, chunk):
-        h, d, n_knots, r = S.shape
+    def forward(ctx, t, S, chunk, compile):
+        U, h, d = t.shape
+        n_knots, r = S.shape[2:]
         S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
-        workspace = Workspace(t)
-        modes = []
-        for c in range(0, t.shape[2], chunk):
-            phi, _, _, _ = SplineProduct._phi(t[:, :, c:c + chunk], S_padded, workspace)
-            sign, log_abs = SplineProduct._log_product(phi, d, workspace)
-            modes.append(sign * log_abs.exp())  # (h, r, chunk)
-        M = torch.cat(modes, dim=2)  # (h, r, U)
+        M = t.new_empty(U, h, r)
+        for c in range(0, U, chunk):
+            t_chunk = t[c:c + chunk]
+            sign, log_abs, smallest = run_kernel(log_mode_chunk, t_chunk, S_padded, math.gcd(d, 8), compile=compile)
+            if not (log_abs.isfinite().all() and smallest >= torch.finfo(t.dtype).tiny):
+                sign, log_abs, _ = log_mode_chunk(t_chunk, S_padded, 1)  # rare: one log per factor instead
+            M[c:c + chunk] = sign * log_abs.exp()
         ctx.save_for_backward(t, S, M)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.compile = chunk, compile
         return M
 
     @staticmethod
@@ -199,32 +244,14 @@ class SplineProduct(torch.autograd.Function):
         t, S, M = ctx.saved_tensors
         h, d, n_knots, r = S.shape
         S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
+        G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
         grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
-        G = (grad_M * M).unsqueeze(1)  # (h, 1, r, U): dL/dM * M, shared by the d factors
-        workspace = Workspace(t)
-        for c in range(0, t.shape[2], ctx.chunk):
-            phi, w, at, dw = SplineProduct._phi(t[:, :, c:c + ctx.chunk], S_padded, workspace)
-            u = phi.shape[2]
-            grad_phi = phi.view(h, d, r, u).reciprocal_().mul_(G[..., c:c + u]).view(h * d, r, u)  # in place
-            grad_S.baddbmm_(w, grad_phi.transpose(1, 2))
-            grad_w = torch.bmm(S_padded, grad_phi, out=workspace.get("grad_w", h * d, n_knots + 2, u))
-            grad_t[:, :, c:c + u] = (grad_w.gather(1, at) * dw).sum(1).view(h, d, u)
-        return grad_t, grad_S.view(h, d, n_knots + 2, r)[:, :, 1:-1], None
-
-
-class Workspace:
-    """Buffers reused by every chunk of one SplineProduct pass. Allocating a fresh 16 MiB phi per chunk costs
-    more than the arithmetic on CPU, where each large allocation comes back as new, zero-filled pages."""
-
-    def __init__(self, like):
-        self.like, self.buffers = like, {}
-
-    def get(self, name, *shape):
-        """A contiguous (shape) tensor over the start of buffer `name`, grown when too small."""
-        n = math.prod(shape)
-        if name not in self.buffers or self.buffers[name].numel() < n:
-            self.buffers[name] = self.like.new_empty(n)
-        return self.buffers[name][:n].view(shape)
+        for c in range(0, len(t), ctx.chunk):
+            at = slice(c, c + ctx.chunk)
+            grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at],
+                                                  compile=ctx.compile)
+            grad_S += grad_S_chunk
+        return grad_t, grad_S.view(h, d, n_knots + 2, r)[:, :, 1:-1], None, None
 
 
 class LEV(nn.Module):
@@ -241,14 +268,16 @@ class LEV(nn.Module):
     Parameters: k*b*d_seed + h*(d_seed^2 + 2*d_seed + d_seed*n_knots*rank + rank*n_embd) (lev_param_count).
 
     forward() is the fast path: each distinct id of the batch is computed once, the spline product runs in
-    chunks and is recomputed in backward (SplineProduct), and with gradients off each id's embedding is cached
+    chunks, from the 3 non-zero knots of each basis, and is recomputed in backward (SplineProduct); in training
+    its two kernels run through torch.compile (lev_compile); with gradients off each id's embedding is cached
     on first use. reference() is the plain recipe, kept as the specification the fast path is tested against.
     """
 
     def __init__(self, vocab_size, n_embd, n_digits=3, d_seed=128, n_lev_heads=8, n_knots=16, lev_rank=64,
-                 lev_chunk=128):
+                 lev_chunk=64, lev_compile=True):
         super().__init__()
         self.vocab_size, self.n_embd, self.n_knots, self.chunk = vocab_size, n_embd, n_knots, lev_chunk
+        self.compile = lev_compile  # with gradients on, run SplineProduct's kernels through torch.compile
         self.base = digit_base(vocab_size, n_digits)
         self.register_buffer("place", self.base ** torch.arange(n_digits - 1, -1, -1), persistent=False)
         h, d = n_lev_heads, d_seed
@@ -275,24 +304,24 @@ class LEV(nn.Module):
         return sum(self.codebooks[r][digits[..., r]] for r in range(digits.shape[-1]))  # (..., d_seed)
 
     def unit_coords(self, z):
-        """z: (N, d_seed) -> t: (h, N, d_seed) = sigmoid(LayerNorm(W_seed z) / 2), per head."""
-        x = torch.einsum("hij,nj->hni", self.seed_proj, z)  # (h, N, d_seed)
-        x = F.layer_norm(x, x.shape[-1:], eps=1e-5) * self.ln_weight[:, None] + self.ln_bias[:, None]
+        """z: (N, d_seed) -> t: (N, h, d_seed) = sigmoid(LayerNorm(W_seed z) / 2), per head."""
+        x = torch.einsum("hij,nj->nhi", self.seed_proj, z)  # (N, h, d_seed)
+        x = F.layer_norm(x, x.shape[-1:], eps=1e-5) * self.ln_weight + self.ln_bias
         return torch.sigmoid(x / 2)
 
     def mix_heads(self, M):
-        """M: (h, N, rank) -> E: (N, n_embd) = sum_h M[h] @ W_out[h], as one matmul."""
-        h, N, r = M.shape
-        return M.transpose(0, 1).reshape(N, h * r) @ self.out_proj.reshape(h * r, self.n_embd)
+        """M: (N, h, rank) -> E: (N, n_embd) = sum_h M[:, h] @ W_out[h], as one matmul."""
+        N, h, r = M.shape
+        return M.reshape(N, h * r) @ self.out_proj.reshape(h * r, self.n_embd)
 
     def reference(self, idx):
         """The plain recipe, with every intermediate materialised: idx (...) -> (..., n_embd)."""
         check_ids(*torch.aminmax(idx), self.vocab_size)
         flat = idx.reshape(-1)
-        t = self.unit_coords(self.seed(flat))  # (h, N, d_seed)
-        w = bspline_basis(t, self.n_knots)  # (h, N, d_seed, n_knots)
-        phi = torch.einsum("hndj,hdjr->hndr", w, self.spline)  # (h, N, d_seed, rank)
-        sign, log_abs = signed_log_product(phi, dim=2)  # (h, N, rank)
+        t = self.unit_coords(self.seed(flat))  # (N, h, d_seed)
+        w = bspline_basis(t, self.n_knots)  # (N, h, d_seed, n_knots)
+        phi = torch.einsum("nhdj,hdjr->nhdr", w, self.spline)  # (N, h, d_seed, rank)
+        sign, log_abs = signed_log_product(phi, dim=2)  # (N, h, rank)
         E = self.mix_heads(sign * log_abs.exp())
         return E.view(*idx.shape, self.n_embd)
 
@@ -303,12 +332,14 @@ class LEV(nn.Module):
         log|M| reaches ~9 in training and fp16 overflows at exp(11.1)."""
         device_type = ids.device.type
         with torch.autocast(device_type, enabled=False):
-            t = self.unit_coords(self.seed(ids)).transpose(1, 2).contiguous()  # (h, d_seed, U)
-            M = SplineProduct.apply(t, self.spline, self.chunk)  # (h, rank, U)
-            return self.mix_heads(M.transpose(1, 2))
+            t = self.unit_coords(self.seed(ids))  # (U, h, d_seed)
+            # compiled kernels pay off in training, which runs them every step; inference meets each id once
+            compile = self.compile and torch.is_grad_enabled()
+            M = SplineProduct.apply(t, self.spline, self.chunk, compile)  # (U, h, rank)
+            return self.mix_heads(M)
 
-    # Eager even inside torch.compile: the number of distinct ids changes from batch to batch, and each new count
-    # would recompile the graph; the work that matters already runs as a few large batched matmuls.
+    # Outside a model-wide torch.compile: the number of distinct ids changes from batch to batch, and each new
+    # count would recompile the graph. The heavy part is compiled on its own, a chunk of ids at a time (run_kernel).
     @torch.compiler.disable
     def forward(self, idx):
         ids, inverse = torch.unique(idx.reshape(-1), return_inverse=True)  # ~800 distinct of 2,048 ids
@@ -446,7 +477,7 @@ class GPT(nn.Module):
         c = config
         if c.embedding == "lev":
             self.tok_emb = LEV(c.vocab_size, c.n_embd, c.n_digits, c.d_seed, c.n_lev_heads, c.n_knots, c.lev_rank,
-                               c.lev_chunk)
+                               c.lev_chunk, c.lev_compile)
         else:
             self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)

@@ -64,6 +64,7 @@ SETTINGS = {
     "n_knots": (MODEL["n_knots"], "LEV: knots of each quadratic B-spline"),
     "lev_rank": (MODEL["lev_rank"], "LEV: outputs of each spline (length of a mode)"),
     "lev_chunk": (MODEL["lev_chunk"], "LEV: ids computed together (memory only, not results)"),
+    "lev_compile": (MODEL["lev_compile"], "LEV: torch.compile its two kernels (speed only, not results)"),
     # optimization
     "batch_size": (64, "sequences per micro-step, per process"),
     "gradient_accumulation_steps": (1, "micro-steps per optimizer step, over all processes together"),
@@ -258,9 +259,9 @@ def train(s, explicit):
             if key in SETTINGS and key not in explicit and key not in ("out_dir", "init_from"):
                 s[key] = value
         check_settings(s)
-        for key in MODEL:
-            if s[key] != ckpt["model_config"][key]:
-                raise SettingsError(f"{ckpt_path} has {key}={ckpt['model_config'][key]!r}, this run asks for "
+        for key in MODEL:  # model.config: the checkpoint's, with defaults for settings added since
+            if s[key] != getattr(model.config, key):
+                raise SettingsError(f"{ckpt_path} has {key}={getattr(model.config, key)!r}, this run asks for "
                                     f"{s[key]!r}; a resumed run keeps its model (drop --{key}, or use another out_dir)")
 
     # -- processes and device: under torchrun each process runs this script with RANK/WORLD_SIZE set --

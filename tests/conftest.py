@@ -1,6 +1,10 @@
 """Shared fixtures: a small synthetic text and tiny prepared datasets (char-level and BPE) in tmp_path."""
 
 import os
+
+# The suite runs LEV's kernels eagerly: torch.compile takes seconds per new shape, and these tests use dozens.
+# tests/test_compile.py turns compiling back on to check that the compiled kernels equal the eager ones.
+os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 import random
 import sys
 

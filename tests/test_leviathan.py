@@ -380,31 +380,38 @@ def test_lev_with_extreme_spline_scales_equals_reference(dtype, big):
     assert_same_values_and_grads(unscaled(fast), unscaled(reference), **tol)
 
 
-@pytest.mark.parametrize("case, scale, spread", [
-    ("normal", 1.0, 2.0),  # factors in [0.5, 2]: every partial product of 8 is a normal float
-    ("overflow", 1e6, 2.0),  # partial products ~1e48 are inf in fp32
-    ("underflow", 1e-7, 2.0),  # ~1e-56 is 0
-    ("subnormal", 3e-6, 1.1),  # ~7e-45 is finite but keeps only a few bits, so its log is off by up to ~0.3
+@pytest.mark.parametrize("case, log10_first", [
+    ("normal", 0.0),  # factors near 1: every partial product is a normal float
+    ("overflow", 48.0),  # the first partial product is ~1e48, inf in fp32
+    ("underflow", -56.0),  # ~1e-56 is 0
+    ("subnormal", -44.2),  # ~6e-45 is finite but keeps only a few bits, so its log is off by up to ~0.3
 ])
-@pytest.mark.parametrize("d", [16, 6])
-def test_log_product_matches_per_factor_log(case, scale, spread, d):
-    """SplineProduct._log_product (phi: (h*d, ., .) -> sign, log|prod over d|, (h, ., .)) in float32 equals the
-    per-factor log computed in float64, including when the grouped partial products leave fp32's normal range."""
-    h = 2
+@pytest.mark.parametrize("d", [24, 6])  # partial products of 8 factors, of 2
+def test_grouped_log_product_matches_per_factor_log(case, log10_first, d):
+    """SplineProduct's forward multiplies groups of gcd(d, 8) factors and takes one log per group. In float32
+    it equals the per-factor product computed in float64, also when a partial product leaves fp32's normal
+    range (it then takes one log per factor). S is constant along the knots and t keeps away from the ends of
+    [0, 1] (where the basis reaches the zero padding knots), so that phi equals S up to rounding: the weights
+    sum to 1. The first group's factors multiply to ~10^log10_first, the other groups' to its inverse, so
+    that M stays near 1."""
+    h, n_knots, r, U = 2, 4, 3, 5
+    group = math.gcd(d, 8)
     g = torch.Generator().manual_seed(0)
-    magnitude = torch.empty(h * d, 3, 5, dtype=torch.float64).uniform_(1 / spread, spread, generator=g)
-    signs = torch.randint(0, 2, magnitude.shape, generator=g) * 2 - 1
-    phi = (scale * magnitude * signs).float()
-    sign, log_abs = SplineProduct._log_product(phi, d)
-    want_sign, want_log = signed_log_product(phi.double().view(h, d, 3, 5), dim=1)
-    assert sign.shape == log_abs.shape == (h, 3, 5)
-    assert torch.equal(sign.double(), want_sign)
-    torch.testing.assert_close(log_abs.double(), want_log, rtol=0, atol=1e-4)
-    if case != "normal" and d == 16:  # the input really needs the fallback: one log per group of 8 is wrong
-        partial = phi.view(h, 2, 8, 3, 5).prod(dim=2)
-        naive = partial.abs().log().sum(1).double()
-        assert torch.isfinite(naive).all() == (case == "subnormal")
-        assert not torch.allclose(naive, want_log, rtol=0, atol=1e-4)
+    magnitude = torch.empty(h, d, r, dtype=torch.float64).uniform_(1 / 1.1, 1.1, generator=g)
+    magnitude[:, :group] *= 10 ** (log10_first / group)
+    magnitude[:, group:] *= 10 ** (-log10_first / (d - group))
+    factors = (magnitude * (torch.randint(0, 2, magnitude.shape, generator=g) * 2 - 1)).float()  # (h, d, r)
+    S = factors.unsqueeze(2).expand(h, d, n_knots, r).contiguous()
+    t = 0.2 + 0.6 * torch.rand(U, h, d, generator=g)  # knots j-1, j, j+1 all within the 4
+    M = SplineProduct.apply(t, S, 2, False)  # (U, h, r)
+    want_sign, want_log = signed_log_product(factors.double(), dim=1)  # (h, r)
+    torch.testing.assert_close(M.double(), (want_sign * want_log.exp()).expand(U, h, r), rtol=1e-4, atol=0)
+    first_partial = factors[:, :group].prod(1)  # what one log per group would have seen, in fp32
+    if case == "normal":
+        assert first_partial.abs().min() >= torch.finfo(torch.float32).tiny
+    else:  # the input really needs the per-factor fallback
+        assert not (torch.isfinite(first_partial.abs().log()).all()
+                    and first_partial.abs().min() >= torch.finfo(torch.float32).tiny)
 
 
 @pytest.mark.parametrize("n_knots", [3, 16, 17])  # with 17 knots the half-knot points t = (j + 0.5) / 16 are exact
@@ -437,9 +444,9 @@ def test_bspline_basis_derivative_matches_autograd():
 
 def test_spline_product_gradcheck():
     g = torch.Generator().manual_seed(0)
-    t = (0.05 + 0.9 * torch.rand(2, 4, 5, dtype=torch.float64, generator=g)).requires_grad_()
+    t = (0.05 + 0.9 * torch.rand(5, 2, 4, dtype=torch.float64, generator=g)).requires_grad_()  # (U, h, d)
     S = (1 + 0.3 * torch.randn(2, 4, 6, 3, dtype=torch.float64, generator=g)).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t, S: SplineProduct.apply(t, S, 2), (t, S))
+    assert torch.autograd.gradcheck(lambda t, S: SplineProduct.apply(t, S, 2, False), (t, S))
 
 
 def test_lev_table_equals_reference():

@@ -1,0 +1,104 @@
+"""LEV's kernels through torch.compile: the compiled kernels equal the eager ones (and so the plain recipe), and
+a failure to compile falls back to eager with one warning.
+
+The rest of the suite runs with torch.compile disabled (conftest.py); these tests turn it back on. Compiling
+takes a few seconds per kernel and dtype, so this file takes ~30 s on 2 CPU cores.
+Run:  python -m pytest -q tests/test_compile.py
+"""
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import leviathan  # noqa: E402
+from leviathan import LEV  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def compiling(monkeypatch):
+    """torch.compile on, with fresh compiled kernels for each test."""
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    monkeypatch.setattr(leviathan, "_compiled_kernels", {})
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def make_lev(dtype, compile=True):
+    torch.manual_seed(0)
+    # d_seed=24: groups of 8 factors; chunk=16 with 37 distinct ids: full chunks and a remainder of 5
+    lev = LEV(300, 12, n_digits=3, d_seed=24, n_lev_heads=2, n_knots=8, lev_rank=4, lev_chunk=16,
+              lev_compile=compile)
+    with torch.no_grad():
+        lev.spline.add_(0.3 * torch.randn_like(lev.spline))  # away from the init, so that every knot matters
+    return lev.to(dtype)
+
+
+def values_and_grads(lev, embed, idx):
+    lev.zero_grad(set_to_none=True)
+    E = embed(idx)
+    weight = torch.randn(E.shape, dtype=E.dtype, generator=torch.Generator().manual_seed(1))
+    (E * weight).sum().backward()
+    return [E.detach()] + [p.grad.clone() for p in lev.parameters()]
+
+
+def lev_warnings(caught):
+    return [w for w in caught if str(w.message).startswith("LEV:")]
+
+
+IDS = torch.randint(0, 300, (2, 30), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_kernels_equal_eager_and_reference(dtype):
+    """Values and the gradient of every parameter. float64 shows the algebra is the same; float32 is what
+    training runs, where the compiled kernels add up in another order: compared tensor by tensor, relative to
+    each tensor's norm (single elements that are sums of cancelling terms lose more digits)."""
+    assert IDS.unique().numel() > 16 and IDS.unique().numel() % 16  # full chunks and a remainder: two shapes
+    lev, eager = make_lev(dtype), make_lev(dtype, compile=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = values_and_grads(lev, lev, IDS)
+    assert not lev_warnings(caught)  # a failed compile would have warned and fallen back to eager
+    assert {"failed", leviathan.log_mode_chunk, leviathan.log_mode_chunk_backward} & set(
+        leviathan._compiled_kernels) == {leviathan.log_mode_chunk, leviathan.log_mode_chunk_backward}
+    for want in (values_and_grads(eager, eager, IDS), values_and_grads(eager, eager.reference, IDS)):
+        for got, expected in zip(compiled, want, strict=True):
+            if dtype == torch.float64:
+                torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+            else:
+                assert (got - expected).norm() <= 1e-5 * expected.norm()
+
+
+def test_a_failed_compile_warns_once_and_runs_eagerly(monkeypatch):
+    def broken_compile(fn):
+        def run(*args):
+            raise RuntimeError("no C++ compiler found\nmore details")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    lev, eager = make_lev(torch.float64), make_lev(torch.float64, compile=False)
+    with pytest.warns(UserWarning, match=r"torch.compile of its kernels failed \(RuntimeError: no C\+\+ compiler "
+                                         r"found\); they run eagerly") as caught:
+        got = values_and_grads(lev, lev, IDS)
+        values_and_grads(lev, lev, IDS)
+    assert len(lev_warnings(caught)) == 1
+    for a, b in zip(got, values_and_grads(eager, eager, IDS), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_a_genuine_error_is_raised_not_blamed_on_compile(monkeypatch):
+    def broken_kernel(*args):
+        raise ValueError("a bug in the kernel")
+
+    monkeypatch.setattr(leviathan, "log_mode_chunk", broken_kernel)
+    lev = make_lev(torch.float64)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError, match="a bug in the kernel"):
+        warnings.simplefilter("always")
+        lev(IDS)
+    assert not lev_warnings(caught) and "failed" not in leviathan._compiled_kernels
