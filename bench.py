@@ -8,7 +8,8 @@ Three tables:
   1. training step (forward + backward + clip + AdamW step) per arm: ms/step, tokens/s, peak memory, ratio to
      tied. The arms are timed in the same process, interleaved step by step, so machine noise hits all alike.
   2. LEV alone against nn.Embedding for N ids, forward + backward: the plain recipe (LEV.reference), the fast
-     path, and the one-off cost of materialising the whole V x n_embd table.
+     path with its kernels compiled (what training uses) and eager, and the one-off cost of materialising the
+     whole V x n_embd table.
   3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV cache, and
      for lev with and without its per-id embedding cache.
 Batches come from data/<dataset>/train.bin when it exists (real text: a Tiny Shakespeare batch of 2,048 tokens
@@ -49,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--block_size", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--lev_chunk", type=int, default=Config.lev_chunk, help="ids per chunk of LEV's fast path")
+    p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=Config.lev_compile,
+                   help="torch.compile LEV's kernels in training (--no-lev_compile: eager)")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per arm (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--lev_ids", type=int, default=8192, help="N for table 2 (all distinct, random)")
@@ -121,7 +124,7 @@ def batch_source(args):
 def build(arm, vocab_size, args):
     torch.manual_seed(args.seed)
     config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                    n_embd=args.n_embd, embedding=arm, lev_chunk=args.lev_chunk)
+                    n_embd=args.n_embd, embedding=arm, lev_chunk=args.lev_chunk, lev_compile=args.lev_compile)
     model = GPT(config).to(args.device)
     optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
     return model, optimizer
@@ -178,7 +181,8 @@ def train_table(args, results):
     vocab_size, get_batch, what = batch_source(args)
     print(f"\n## Training step: forward + backward + AdamW, batch {args.batch_size} x {args.block_size} tokens, "
           f"{args.n_layer} layers x {args.n_head} heads x {args.n_embd}, {args.device} {args.dtype}"
-          f"{' compiled' if args.compile else ''}\nbatches: {what}")
+          f"{' compiled' if args.compile else ''}, LEV kernels {'compiled' if args.lev_compile else 'eager'}"
+          f"\nbatches: {what}")
     models = {arm: build(arm, vocab_size, args) for arm in args.arms}  # arm -> (model, optimizer)
     steppers = {arm: (torch.compile(m) if args.compile else m, opt) for arm, (m, opt) in models.items()}
     gen = torch.Generator().manual_seed(args.seed)
@@ -221,6 +225,8 @@ def lev_table(args, results):
     print(f"\n## LEV alone: N ids -> (N, {D}), forward + backward, V = {V:,}, {args.device}")
     torch.manual_seed(args.seed)
     lev = LEV(V, D, lev_chunk=args.lev_chunk).to(args.device)
+    eager = LEV(V, D, lev_chunk=args.lev_chunk, lev_compile=False).to(args.device)
+    eager.load_state_dict(lev.state_dict())
     emb = torch.nn.Embedding(V, D).to(args.device)
     ids = torch.randperm(V, device=args.device)[:N]  # all distinct: the worst case for LEV
     _, get_batch, what = batch_source(argparse.Namespace(**{**vars(args), "vocab_size": V}))
@@ -228,25 +234,28 @@ def lev_table(args, results):
 
     def fwd_bwd(fn, x):
         fn(x).square().mean().backward()
-        lev.zero_grad(set_to_none=True)  # no gradient accumulation into old .grad between repeats
-        emb.zero_grad(set_to_none=True)
+        for module in (lev, eager, emb):
+            module.zero_grad(set_to_none=True)  # no gradient accumulation into old .grad between repeats
 
     def median_ms(repeats, fn, *fn_args):
-        fn(*fn_args)  # warm-up
+        fn(*fn_args)  # warm-up (and, for compiled kernels, compilation)
         return statistics.median(timed(args.device, fn, *fn_args) for _ in range(repeats)) * 1000
 
+    text = f"a text batch ({len(text_ids):,} ids, {len(text_ids.unique()):,} distinct)"
     rows = {
         f"nn.Embedding, {N:,} ids": median_ms(5, fwd_bwd, emb, ids),
-        f"LEV fast path, {N:,} distinct ids": median_ms(3, fwd_bwd, lev, ids),
-        f"nn.Embedding, a text batch ({len(text_ids):,} ids)": median_ms(5, fwd_bwd, emb, text_ids),
-        f"LEV fast path, a text batch ({len(text_ids):,} ids, {len(text_ids.unique()):,} distinct)":
-            median_ms(5, fwd_bwd, lev, text_ids),
+        f"LEV fast path, compiled kernels, {N:,} distinct ids": median_ms(3, fwd_bwd, lev, ids),
+        f"LEV fast path, eager kernels, {N:,} distinct ids": median_ms(3, fwd_bwd, eager, ids),
+        f"nn.Embedding, {text}": median_ms(5, fwd_bwd, emb, text_ids),
+        f"LEV fast path, compiled kernels, {text}": median_ms(5, fwd_bwd, lev, text_ids),
+        f"LEV fast path, eager kernels, {text}": median_ms(5, fwd_bwd, eager, text_ids),
     }
     n_plain = min(N, args.plain_max)
     rows[f"LEV plain recipe (LEV.reference), {n_plain:,} distinct ids"] = median_ms(1, fwd_bwd, lev.reference,
                                                                                     ids[:n_plain])
     if n_plain < N:
-        rows[f"LEV fast path, the same {n_plain:,} ids"] = median_ms(3, fwd_bwd, lev, ids[:n_plain])
+        rows[f"LEV fast path, compiled kernels, the same {n_plain:,} ids"] = median_ms(3, fwd_bwd, lev,
+                                                                                       ids[:n_plain])
     rows[f"LEV materialise the whole {V:,} x {D} table (no grad)"] = median_ms(1, lev.table)
     print(f"text batch: {what}\n\n| what | ms |\n|---|---:|")
     for k, v in rows.items():

@@ -1,0 +1,60 @@
+"""bench.py end to end at toy sizes: every table prints, the JSON holds the figures, bad flags fail cleanly.
+Speed itself is not asserted here (that is bench.py's job, on a quiet machine), only that the figures exist
+and are sane. Run:  python -m pytest -q tests/test_bench.py
+"""
+
+import json
+import math
+
+import pytest
+
+import bench
+from leviathan import lev_param_count
+
+TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
+       "--batch_size=2", "--steps=2", "--warmup=1", "--lev_ids=40", "--lev_embd=8", "--plain_max=10",
+       "--gen_tokens=4", "--lev_chunk=16"]
+
+
+def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no data/: batches from the Zipf stand-in, said so
+    code, out, err = run_cli(bench.main, TOY + ["--json=figures.json"])
+    assert code == 0, err
+    assert "Zipf(1.1) ids over V=300" in out and "LEV kernels compiled" in out
+    for heading in ("## Training step", "## LEV alone", "## Generation"):
+        assert heading in out
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    train = figures["train"]
+    assert set(train) == {"tied", "untied", "lev"}
+    assert train["tied"]["over_tied"] == 1.0 and figures["lev_over_tied"] == train["lev"]["over_tied"] > 0
+    for row in train.values():
+        assert row["ms_per_step"] > 0 and row["tokens_per_s"] > 0 and row["peak_memory_mib"] > 0
+    assert train["lev"]["params"]["input_embedding"] == lev_param_count(300, 16)
+    assert train["tied"]["params"]["input_embedding"] == 300 * 16 and train["tied"]["params"]["head"] == 0
+    lev_rows = figures["lev"]
+    assert any(k.startswith("LEV fast path, compiled kernels, 40 distinct") for k in lev_rows)
+    assert any(k.startswith("LEV fast path, eager kernels, 40 distinct") for k in lev_rows)
+    assert any(k.startswith("LEV plain recipe (LEV.reference), 10 distinct") for k in lev_rows)
+    assert all(v > 0 and math.isfinite(v) for v in lev_rows.values())
+    generation = figures["generation"]
+    assert len(generation) == 2 + 2 + 4  # tied, untied: KV on/off; lev: KV x LEV cache
+    assert all(row["tokens_per_s"] > 0 for row in generation)
+    assert f"lev_over_tied (training step time ratio): {figures['lev_over_tied']:.3f}" in out
+
+
+def test_one_arm_one_table_without_lev_compile(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(bench.main, TOY + ["--tables=train", "--embedding=lev", "--no-lev_compile"])
+    assert code == 0, err
+    assert "LEV kernels eager" in out and "| lev |" in out and "| tied |" not in out
+    assert "lev_over_tied" not in out and "## LEV alone" not in out
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--embedding=lev,big", "unknown arm(s) big"),
+    ("--tables=train,speed", "--tables=speed,train: choose among train, lev, gen"),
+    ("--device=tpu", "invalid choice"),
+])
+def test_bad_flags_fail_with_a_message(run_cli, flag, message):
+    code, out, err = run_cli(bench.main, [flag])
+    assert code == 2 and message in err and "Traceback" not in err
