@@ -51,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--lev_chunk", type=int, default=Config.lev_chunk, help="ids per chunk of LEV's fast path")
     p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=Config.lev_compile,
-                   help="torch.compile LEV's kernels in training (--no-lev_compile: eager)")
+                   help="table 1: torch.compile LEV's kernels (--no-lev_compile: eager); table 2 times both")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per arm (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--lev_ids", type=int, default=8192, help="N for table 2 (all distinct, random)")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 EMBEDDINGS = ("lev", "tied", "untied")
 
@@ -141,7 +142,8 @@ def spline_3knots(S_padded, j, w):
 
     S_padded: (h*d, n_knots + 2, r), S with a zero knot at each end; j: (h*d, u); w: (h*d, u, 3) -> (h*d, u, r).
     Under torch.compile the gather is written as indexing, which inductor fuses into whatever consumes phi, so
-    phi never reaches memory. Eagerly, F.embedding_bag gathers and sums the 3 rows in one pass instead of eight.
+    phi never reaches memory. Eagerly, F.embedding_bag gathers and sums the 3 rows in one pass (instead of 3
+    gathers, 3 multiplies and 2 adds, each a pass over phi).
     """
     hd, n_padded, r = S_padded.shape
     if torch.compiler.is_compiling():
@@ -155,18 +157,19 @@ def spline_3knots(S_padded, j, w):
 
 
 def log_mode_chunk(t, S_padded, group):
-    """Forward of SplineProduct for a chunk of u ids: t (u, h, d) -> sign, log|M| (u, h, r), and the smallest
-    |partial product| (to detect a partial product outside fp32's normal range).
+    """Forward of SplineProduct for a chunk of u ids: t (u, h, d) -> sign, log|M| (u, h, r), and whether every
+    partial product stayed in the normal range of t's dtype (if not, the caller redoes the chunk with group=1).
 
     The product over d multiplies groups of `group` factors directly and takes logs of those partial products,
-    8x fewer logs than one per factor for group=8; fp32 holds any product of 8 factors in [1.9e-5, 6.5e4]."""
+    8x fewer logs than one per factor for group=8; fp32 holds any product of 8 factors each in [1.9e-5, 6.5e4]."""
     u, h, d = t.shape
     n_padded, r = S_padded.shape[1:]
     j, w, _ = bspline_basis3(t.reshape(u, h * d).T, n_padded - 2)  # (h*d, u), (h*d, u, 3)
     phi = spline_3knots(S_padded, j, w).view(h, d // group, group, u, r)
     partial = phi.prod(2)  # (h, d / group, u, r)
     sign, log_abs = signed_log_product(partial, dim=1)  # (h, u, r)
-    return sign.transpose(0, 1), log_abs.transpose(0, 1), partial.abs().amin()
+    normal = log_abs.isfinite().all() & (partial.abs().amin() >= torch.finfo(t.dtype).tiny)
+    return sign.transpose(0, 1), log_abs.transpose(0, 1), normal
 
 
 def log_mode_chunk_backward(t, S_padded, G):
@@ -174,7 +177,8 @@ def log_mode_chunk_backward(t, S_padded, G):
     -> dL/dt (u, h, d), dL/dS_padded (h*d, n_knots + 2, r). With M = prod_d phi:
         dL/dphi[h, d, u, :] = G[u, h, :] / phi[h, d, u, :]
         dL/dt               = sum_r dL/dphi * dphi/dt,   dphi/dt = the spline with the basis' derivatives
-        dL/dS[h, d, k, :]   = sum_u w_k(t[u, h, d]) dL/dphi[h, d, u, :]"""
+        dL/dS[h, d, k, :]   = sum_u w_k(t[u, h, d]) dL/dphi[h, d, u, :]
+    A factor phi exactly 0 gives 0/0 = NaN here, as it does in autograd through the plain recipe."""
     u, h, d = t.shape
     n_padded, r = S_padded.shape[1:]
     j, w, dw = bspline_basis3(t.reshape(u, h * d).T, n_padded - 2)  # (h*d, u), (h*d, u, 3) x2
@@ -187,27 +191,34 @@ def log_mode_chunk_backward(t, S_padded, G):
     return grad_t.T.reshape(u, h, d), torch.bmm(basis, grad_phi)
 
 
-_compiled_kernels = {}  # kernel -> its torch.compile wrapper; "failed" -> why compiling did not work
+_compiled_kernels = {}  # kernel -> its torch.compile wrapper
+_compile_failures = {}  # device type ("cpu", "cuda", ...) -> the error that made compiling fail there
 
 
 def run_kernel(kernel, *args, compile=True):
     """kernel(*args), through torch.compile when `compile` is set. Compiling fuses the gather, the spline, the
-    product and the logs into a few loops, several times faster than eager on CPU (README, "Speed"). Where the
-    compiled call fails but the eager one works (e.g. no C++ compiler for inductor's CPU backend), warn once
-    and run eagerly from then on. Both compute the same sums (tests/test_compile.py)."""
-    if not compile or "failed" in _compiled_kernels:
+    product and the logs into a few loops, ~2.5x faster than eager on CPU (README, "Speed"). Where the compiled
+    call fails but the eager one works (e.g. no C++ compiler for inductor's CPU backend), warn once and run
+    eagerly on that device type from then on. Both compute the same sums (tests/test_compile.py).
+
+    Each kernel compiles once for a full chunk, once more for any other number of ids (dynamic) and again per
+    dtype and device; past dynamo's recompile limit (8) it would run eagerly, with a log line, not a warning."""
+    device = args[0].device.type
+    if not compile or device in _compile_failures:
         return kernel(*args)
     if kernel not in _compiled_kernels:
         _compiled_kernels[kernel] = torch.compile(kernel)
     try:
         return _compiled_kernels[kernel](*args)
+    except torch.OutOfMemoryError:
+        raise  # not a compile failure: a smaller lev_chunk or batch is the fix
     except Exception as error:
         result = kernel(*args)  # a genuine error raises again here, from the plain code
-        _compiled_kernels["failed"] = error
+        _compile_failures[device] = error
         reason = (str(error).strip().splitlines() or [""])[0][:200]
-        warnings.warn(f"LEV: torch.compile of its kernels failed ({type(error).__name__}: {reason}); they run "
-                      f"eagerly from now on, several times slower. lev_compile=False skips the attempt.",
-                      stacklevel=3)
+        warnings.warn(f"LEV: torch.compile of its kernels failed on {device} ({type(error).__name__}: {reason}); "
+                      f"they run eagerly from now on, ~2.5x slower. lev_compile=False skips the attempt.",
+                      stacklevel=1)  # raised from inside autograd: no caller frame of the user's to point at
         return result
 
 
@@ -221,6 +232,8 @@ class SplineProduct(torch.autograd.Function):
     8,192 ids. Here forward keeps only t, S and M; both passes walk the ids `chunk` at a time (log_mode_chunk
     and log_mode_chunk_backward), so that phi stays small, and backward recomputes it. Only 3 knots of each
     basis are non-zero, and S is padded with a zero knot at each end so that knots j-1 and j+1 always exist.
+    Inside the kernels the h*d seed dimensions come first, (h*d, u, r): each has its own S, so they are the
+    batch axis of the gather and of the matmul for dL/dS.
     """
 
     @staticmethod
@@ -231,26 +244,28 @@ class SplineProduct(torch.autograd.Function):
         M = t.new_empty(U, h, r)
         for c in range(0, U, chunk):
             t_chunk = t[c:c + chunk]
-            sign, log_abs, smallest = run_kernel(log_mode_chunk, t_chunk, S_padded, math.gcd(d, 8), compile=compile)
-            if not (log_abs.isfinite().all() and smallest >= torch.finfo(t.dtype).tiny):
-                sign, log_abs, _ = log_mode_chunk(t_chunk, S_padded, 1)  # rare: one log per factor instead
+            sign, log_abs, normal = run_kernel(log_mode_chunk, t_chunk, S_padded, math.gcd(d, 8), compile=compile)
+            if not normal:  # rare: one log per factor instead
+                sign, log_abs, _ = log_mode_chunk(t_chunk, S_padded, 1)
             M[c:c + chunk] = sign * log_abs.exp()
         ctx.save_for_backward(t, S, M)
         ctx.chunk, ctx.compile = chunk, compile
         return M
 
     @staticmethod
+    @once_differentiable  # the kernels are not themselves differentiated: no double backward
     def backward(ctx, grad_M):
         t, S, M = ctx.saved_tensors
         h, d, n_knots, r = S.shape
-        S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
-        G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
-        grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
-        for c in range(0, len(t), ctx.chunk):
-            at = slice(c, c + ctx.chunk)
-            grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at],
-                                                  compile=ctx.compile)
-            grad_S += grad_S_chunk
+        with torch.autocast(t.device.type, enabled=False):  # fp32 like the forward, even if called under autocast
+            S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
+            G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
+            grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
+            for c in range(0, len(t), ctx.chunk):
+                at = slice(c, c + ctx.chunk)
+                grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at],
+                                                      compile=ctx.compile)
+                grad_S += grad_S_chunk
         return grad_t, grad_S.view(h, d, n_knots + 2, r)[:, :, 1:-1], None, None
 
 
@@ -338,10 +353,12 @@ class LEV(nn.Module):
             M = SplineProduct.apply(t, self.spline, self.chunk, compile)  # (U, h, rank)
             return self.mix_heads(M)
 
-    # Outside a model-wide torch.compile: the number of distinct ids changes from batch to batch, and each new
+    # Kept out of a model-wide torch.compile: the number of distinct ids changes from batch to batch, and each new
     # count would recompile the graph. The heavy part is compiled on its own, a chunk of ids at a time (run_kernel).
     @torch.compiler.disable
     def forward(self, idx):
+        if idx.numel() == 0:
+            return self.out_proj.new_zeros(*idx.shape, self.n_embd)
         ids, inverse = torch.unique(idx.reshape(-1), return_inverse=True)  # ~800 distinct of 2,048 ids
         check_ids(ids[0], ids[-1], self.vocab_size)  # sorted: the extremes are enough
         if torch.is_grad_enabled():

@@ -343,7 +343,7 @@ def test_sample_next_top_p_keeps_the_smallest_nucleus(top_p, nucleus):
 # LEV: the fast path against the reference, in float64, values and gradients of every parameter
 
 
-@pytest.mark.parametrize("d_seed", [16, 6, 5])  # product grouped 3 times, once, not at all
+@pytest.mark.parametrize("d_seed", [16, 6, 5])  # partial products of gcd(d_seed, 8) = 8, 2, 1 factors
 @pytest.mark.parametrize("chunk", [1, 7, 10_000])
 def test_lev_fast_path_equals_reference(d_seed, chunk):
     lev = tiny_lev(d_seed=d_seed, chunk=chunk)
@@ -447,6 +447,13 @@ def test_spline_product_gradcheck():
     t = (0.05 + 0.9 * torch.rand(5, 2, 4, dtype=torch.float64, generator=g)).requires_grad_()  # (U, h, d)
     S = (1 + 0.3 * torch.randn(2, 4, 6, 3, dtype=torch.float64, generator=g)).requires_grad_()
     assert torch.autograd.gradcheck(lambda t, S: SplineProduct.apply(t, S, 2, False), (t, S))
+
+
+def test_lev_of_an_empty_batch_is_empty():
+    lev = tiny_lev()
+    for shape in [(0,), (2, 0)]:
+        E = lev(torch.zeros(shape, dtype=torch.long))
+        assert E.shape == (*shape, lev.n_embd) and E.dtype == torch.float64
 
 
 def test_lev_table_equals_reference():
