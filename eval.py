@@ -448,7 +448,11 @@ def main(argv=None):
     counts = train_counts(train, meta["vocab_size"])
     passages = []
     if args.lambada_max:
-        tokenizer = get_tokenizer(meta)
+        try:
+            tokenizer = get_tokenizer(meta)
+        except Exception as e:  # a tiktoken file that cannot be fetched offline, an unknown encoding, ...
+            fail(f"cannot build the tokenizer {meta.get('tokenizer')!r} of {data_dir} for the last-word task "
+                 f"({type(e).__name__}: {e}); or skip that task with --lambada_max=0")
         passages = lambada_passages(tokenizer.decode(np.asarray(val).tolist()), tokenizer, args.lambada_max)
     curves = []
     for d, _, _ in arms:

@@ -273,6 +273,19 @@ def test_end_to_end(tmp_path, run_cli, monkeypatch):
     assert code == 0 and "## Token efficiency" in out and "Last-word" not in out
 
 
+def test_a_tokenizer_that_cannot_be_built_is_one_line(tmp_path, run_cli, monkeypatch):
+    """The last-word task needs the dataset's tokenizer (e.g. GPT-2 BPE files, offline); without it, one line."""
+    meta = {**make_data(tmp_path / "data" / "tiny"), "tokenizer": "no_such_encoding", "chars": None}
+    Path(tmp_path / "data" / "tiny" / "meta.json").write_text(json.dumps(meta))
+    make_run(tmp_path / "a", meta, "tied")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(ev.main, ["a"])
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "cannot build the tokenizer 'no_such_encoding'" in err and "--lambada_max=0" in err
+    code, out, err = run_cli(ev.main, ["a", "--lambada_max=0"])
+    assert code == 0, err
+
+
 def test_labels():
     assert ev.labels(["out-tied", "out-lev"], ["tied", "lev"]) == ["tied", "lev"]
     assert ev.labels(["runs/out-lev", "out-lev-s2/", "out-tied"], ["lev", "lev", "tied"]) == [
