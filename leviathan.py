@@ -42,7 +42,7 @@ class Config:
     n_lev_heads: int = 8  # h: independent separable modes, summed
     n_knots: int = 16  # kappa: evenly spaced knots of the quadratic B-spline on [0, 1]
     lev_rank: int = 64  # r: outputs of each per-dimension spline, i.e. length of a mode vector
-    lev_chunk: int = 64  # ids processed together by LEV's fast path (bounds its memory, not its result)
+    lev_chunk: int = 64  # ids LEV's fast path computes together (memory and speed, not results); tuned on CPU
     lev_compile: bool = True  # in training, torch.compile LEV's two kernels (eager where that fails; same result)
 
     def __post_init__(self):
@@ -197,7 +197,7 @@ _compile_failures = {}  # device type ("cpu", "cuda", ...) -> the error that mad
 
 def run_kernel(kernel, *args, compile=True):
     """kernel(*args), through torch.compile when `compile` is set. Compiling fuses the gather, the spline, the
-    product and the logs into a few loops, ~2.5x faster than eager on CPU (README, "Speed"). Where the compiled
+    product and the logs into a few loops, ~2.3x faster than eager on CPU (README, "Speed"). Where the compiled
     call fails but the eager one works (e.g. no C++ compiler for inductor's CPU backend), warn once and run
     eagerly on that device type from then on. Both compute the same sums (tests/test_compile.py).
 
@@ -217,7 +217,7 @@ def run_kernel(kernel, *args, compile=True):
         _compile_failures[device] = error
         reason = (str(error).strip().splitlines() or [""])[0][:200]
         warnings.warn(f"LEV: torch.compile of its kernels failed on {device} ({type(error).__name__}: {reason}); "
-                      f"they run eagerly from now on, ~2.5x slower. lev_compile=False skips the attempt.",
+                      f"they run eagerly from now on, ~2.3x slower. lev_compile=False skips the attempt.",
                       stacklevel=1)  # raised from inside autograd: no caller frame of the user's to point at
         return result
 

@@ -16,6 +16,9 @@ n_head = 6
 n_embd = 384
 block_size = 256
 dropout = 0.2
+# LEV's ids per chunk: the default 64 suits a CPU's caches; a GPU is only filled by far more work per kernel
+# (a 16,384-token batch holds a few thousand distinct ids). Not tuned: no GPU was at hand to measure it.
+lev_chunk = 1024
 
 # 2,000 steps of 64 x 256 = 16,384 tokens: 33M tokens, about 100 passes over the training split
 batch_size = 64
