@@ -115,6 +115,17 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
         assert all(torch.equal(final[k], resumed[k]) for k in final), other
 
 
+def test_resume_a_checkpoint_older_than_a_model_setting(tmp_path, char_data, capsys):
+    """A checkpoint written before a Config field existed (here lev_compile) resumes with that field's default."""
+    assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
+    path = tmp_path / "old" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=False)
+    del ckpt["model_config"]["lev_compile"], ckpt["train_config"]["lev_compile"]
+    torch.save(ckpt, path)
+    code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--max_iters=4")
+    assert code == 0 and "resuming at step 2" in out, err
+
+
 def test_every_arm_draws_the_same_batches(tmp_path, char_data, capsys, monkeypatch):
     """The data order depends on the seed only, not on the model (whose init consumes different randomness)."""
     get_batch = train.get_batch
