@@ -142,11 +142,12 @@ def spline_3knots(S_padded, j, w):
 
     S_padded: (h*d, n_knots + 2, r), S with a zero knot at each end; j: (h*d, u); w: (h*d, u, 3) -> (h*d, u, r).
     Under torch.compile the gather is written as indexing, which inductor fuses into whatever consumes phi, so
-    phi never reaches memory. Eagerly, F.embedding_bag gathers and sums the 3 rows in one pass (instead of 3
-    gathers, 3 multiplies and 2 adds, each a pass over phi).
+    phi never reaches memory. Eagerly on CPU and CUDA, F.embedding_bag gathers and sums the 3 rows in one pass
+    (instead of 3 gathers, 3 multiplies and 2 adds, each a pass over phi); other devices (e.g. MPS, which gained
+    embedding_bag only in recent PyTorch) take the indexing too.
     """
     hd, n_padded, r = S_padded.shape
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or S_padded.device.type not in ("cpu", "cuda"):
         i = torch.arange(hd, device=j.device).unsqueeze(1)
         return sum(w[..., m, None] * S_padded[i, j + m] for m in range(3))
     first_row = torch.arange(hd, device=j.device).unsqueeze(1) * n_padded  # of each i, in S_padded.view(-1, r)

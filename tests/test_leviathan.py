@@ -31,6 +31,7 @@ from leviathan import (  # noqa: E402
     load_checkpoint,
     sample_next,
     signed_log_product,
+    spline_3knots,
 )
 
 V = 61  # not a perfect cube: base 4, so digits 4**3 = 64 > 61 ids leave some digit combinations unused
@@ -440,6 +441,23 @@ def test_bspline_basis_derivative_matches_autograd():
     for k in range(n_knots):  # w[:, k] depends on t elementwise, so d/dt of its sum is its derivative
         (grad,) = torch.autograd.grad(w[:, k].sum(), t, retain_graph=True)
         torch.testing.assert_close(grad, dw[:, k].detach(), rtol=0, atol=1e-12)
+
+
+def test_spline_3knots_indexing_equals_embedding_bag(monkeypatch):
+    """Both ways spline_3knots gathers the 3 knots (indexing: compiled or on other devices; embedding_bag: eager
+    on CPU and CUDA) compute the same phi, here both eagerly."""
+    g = torch.Generator().manual_seed(0)
+    hd, n_knots, r, u = 6, 5, 4, 7
+    S_padded = torch.nn.functional.pad(torch.randn(hd, n_knots, r, dtype=torch.float64, generator=g), (0, 0, 1, 1))
+    j, w, _ = bspline_basis3(torch.rand(hd, u, dtype=torch.float64, generator=g), n_knots)
+    by_embedding_bag = spline_3knots(S_padded, j, w)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    by_indexing = spline_3knots(S_padded, j, w)
+    want = torch.stack([torch.stack([sum(w[i, k, m] * S_padded[i, j[i, k] + m] for m in range(3))
+                                     for k in range(u)]) for i in range(hd)])
+    assert by_embedding_bag.shape == by_indexing.shape == (hd, u, r)
+    torch.testing.assert_close(by_embedding_bag, want, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(by_indexing, want, rtol=1e-12, atol=1e-14)
 
 
 def test_spline_product_gradcheck():
