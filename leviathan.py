@@ -192,6 +192,12 @@ def log_mode_chunk_backward(t, S_padded, G):
     return grad_t.T.reshape(u, h, d), torch.bmm(basis, grad_phi)
 
 
+def first_line(error):
+    """The first line of an exception's message ('' if none): enough for a one-line report."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 _compiled_kernels = {}  # kernel -> its torch.compile wrapper
 _compile_failures = {}  # device type ("cpu", "cuda", ...) -> the error that made compiling fail there
 
@@ -216,8 +222,8 @@ def run_kernel(kernel, *args, compile=True):
     except Exception as error:
         result = kernel(*args)  # a genuine error raises again here, from the plain code
         _compile_failures[device] = error
-        reason = (str(error).strip().splitlines() or [""])[0][:200]
-        warnings.warn(f"LEV: torch.compile of its kernels failed on {device} ({type(error).__name__}: {reason}); "
+        warnings.warn(f"LEV: torch.compile of its kernels failed on {device} ({type(error).__name__}: "
+                      f"{first_line(error)[:200]}); "
                       f"they run eagerly from now on, ~2.3x slower. lev_compile=False skips the attempt.",
                       stacklevel=1)  # raised from inside autograd: no caller frame of the user's to point at
         return result
@@ -230,7 +236,7 @@ class SplineProduct(torch.autograd.Function):
         M[u, h, :]      = prod_d phi[u, h, d, :]                   (sign and log|M| kept apart)
 
     Autograd would keep several (U, h, d_seed, rank) tensors: 8 x 128 x 64 floats = 256 KiB per id, ~12 GB for
-    8,192 ids. Here forward keeps only t, S and M; both passes walk the ids `chunk` at a time (log_mode_chunk
+    8,192 ids. Here forward keeps only t, S (padded) and M; both passes walk the ids `chunk` at a time (log_mode_chunk
     and log_mode_chunk_backward), so that phi stays small, and backward recomputes it. Only 3 knots of each
     basis are non-zero, and S is padded with a zero knot at each end so that knots j-1 and j+1 always exist.
     Inside the kernels the h*d seed dimensions come first, (h*d, u, r): each has its own S, so they are the
@@ -249,17 +255,17 @@ class SplineProduct(torch.autograd.Function):
             if not normal:  # rare: one log per factor instead
                 sign, log_abs, _ = log_mode_chunk(t_chunk, S_padded, 1)
             M[c:c + chunk] = sign * log_abs.exp()
-        ctx.save_for_backward(t, S, M)
+        ctx.save_for_backward(t, S_padded, M)
         ctx.chunk, ctx.compile = chunk, compile
         return M
 
     @staticmethod
     @once_differentiable  # the kernels are not themselves differentiated: no double backward
     def backward(ctx, grad_M):
-        t, S, M = ctx.saved_tensors
-        h, d, n_knots, r = S.shape
+        t, S_padded, M = ctx.saved_tensors
+        h, d = t.shape[1:]
+        n_padded, r = S_padded.shape[1:]
         with torch.autocast(t.device.type, enabled=False):  # fp32 like the forward, even if called under autocast
-            S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
             G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
             grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
             for c in range(0, len(t), ctx.chunk):
@@ -267,7 +273,7 @@ class SplineProduct(torch.autograd.Function):
                 grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at],
                                                       compile=ctx.compile)
                 grad_S += grad_S_chunk
-        return grad_t, grad_S.view(h, d, n_knots + 2, r)[:, :, 1:-1], None, None
+        return grad_t, grad_S.view(h, d, n_padded, r)[:, :, 1:-1], None, None
 
 
 class LEV(nn.Module):
@@ -654,8 +660,8 @@ def load_checkpoint(path, device="cpu"):
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # a truncated file, a foreign pickle, ...
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ValueError(f"{path} is not a readable leviathan checkpoint ({type(e).__name__}: {first_line})") from None
+        raise ValueError(f"{path} is not a readable leviathan checkpoint "
+                         f"({type(e).__name__}: {first_line(e)})") from None
     version = ckpt.get("version") if isinstance(ckpt, dict) else None
     if version != CHECKPOINT_VERSION:
         raise ValueError(f"{path} is a checkpoint of format version {version!r}; this code reads version "
