@@ -1,15 +1,17 @@
-"""Shared fixtures: a small synthetic text and tiny prepared datasets (char-level and BPE) in tmp_path."""
+"""Shared fixtures: a small synthetic text, tiny prepared datasets (char-level and BPE) in tmp_path, one_thread."""
 
 import os
 
 # The suite runs LEV's kernels eagerly: torch.compile takes seconds per new shape, and these tests use dozens.
 # tests/test_compile.py turns compiling back on to check that the compiled kernels equal the eager ones.
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+
 import random
 import sys
 
 import pytest
 import tiktoken
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the project's scripts import as modules: prepare_data, train, leviathan
@@ -43,6 +45,17 @@ def run_cli(capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread, restored afterwards so that other test files are unaffected. Tiny models gain nothing
+    from threads, and on a busy machine OpenMP's waiting threads make them 10-100x slower. A test file opts in
+    with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture

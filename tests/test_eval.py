@@ -24,14 +24,7 @@ BLOCK = 16
 WORDS = "the king shall speak to my lord and you are not here good night come away love what is this".split()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy machine OpenMP's waiting threads make them 10-100x
-    slower; restored afterwards so that other test files are unaffected."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def synthetic_play(seed, n_paragraphs):

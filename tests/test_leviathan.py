@@ -39,13 +39,7 @@ BLOCK = 16
 arms = pytest.mark.parametrize("arm", EMBEDDINGS)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """For models this small, threads cost more than they save, and on busy shared cores far more."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def tiny_config(arm, **overrides):

@@ -21,13 +21,7 @@ TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--d_seed
         "--device=cpu"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and far faster than on several when the cores are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def run_train(capsys, data, out, *args, dataset="tiny_char"):
