@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from leviathan import EMBEDDINGS, GPT, LEV, Config, resolve_device
+from prepare_data import atomic_path, load_meta, load_split
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
@@ -101,8 +102,6 @@ def batch_source(args):
     """(vocab_size, get_batch(generator) -> (x, y), description)."""
     path = os.path.join("data", args.dataset, "train.bin")
     if os.path.exists(path):
-        from prepare_data import load_meta, load_split
-
         meta = load_meta(os.path.join("data", args.dataset))
         data, vocab_size, what = load_split(os.path.join("data", args.dataset), "train"), meta["vocab_size"], path
     else:
@@ -301,10 +300,8 @@ def main(argv=None):
     if "lev_over_tied" in results:
         print(f"\nlev_over_tied (training step time ratio): {results['lev_over_tied']:.3f}")
     if args.json:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
+        with atomic_path(args.json) as tmp, open(tmp, "w") as f:
             json.dump(results, f, indent=2)
-        os.replace(tmp, args.json)
         print(f"wrote {args.json}")
 
 

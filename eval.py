@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 import leviathan
 from leviathan import load_checkpoint
-from prepare_data import eval_windows, get_tokenizer, load_meta, load_split
+from prepare_data import atomic_path, eval_windows, get_tokenizer, load_meta, load_split
 
 # a target falls in bucket i when its id's training count is in [lower[i], lower[i + 1])
 BUCKETS = ("unseen", "1-10", "11-100", "101-1k", "1k-10k", ">10k")
@@ -351,18 +351,15 @@ def plot(results, target_loss, path):
     bars.legend(fontsize="small")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    fig.savefig(tmp, format="png", dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_json(obj, path):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------------

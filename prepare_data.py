@@ -17,6 +17,7 @@ Importing this file has no side effects; the reading side is get_tokenizer, load
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -179,12 +180,20 @@ def eval_windows(n_tokens, block_size, max_windows=None):
 # Writing a dataset
 
 
-def write_atomic(path, data):
-    """Write bytes to path via a temporary file and os.replace, so a reader never sees half a file."""
+@contextlib.contextmanager
+def atomic_path(path):
+    """`with atomic_path(path) as tmp:` write the file at tmp; at the end of the block it replaces path
+    (os.replace), so a reader never sees half a file and an interrupted write leaves the old one whole. The
+    process id in tmp keeps concurrent writers (DDP ranks) apart. Every script writes its files this way."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
+    yield tmp
     os.replace(tmp, path)
+
+
+def write_atomic(path, data):
+    """Write bytes to path atomically (atomic_path)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
 
 
 def prepare(text, tokenizer, out_dir, dataset, source):

@@ -221,12 +221,6 @@ def format_seconds(seconds):
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def write_atomic_torch(obj, path):
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def read_log(path, before_step):
     """The records of log.jsonl for steps before `before_step` (a resumed run redoes the rest)."""
     if not os.path.isfile(path):
@@ -345,9 +339,8 @@ def train(s, explicit):
     if master:
         os.makedirs(s["out_dir"], exist_ok=True)
         records = read_log(log_path, step) if s["init_from"] == "resume" else []
-        with open(f"{log_path}.tmp", "w", encoding="utf-8") as f:
+        with prepare_data.atomic_path(log_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-        os.replace(f"{log_path}.tmp", log_path)
 
     tokens_per_step = s["gradient_accumulation_steps"] * B * T
     report = model.param_report()
@@ -389,7 +382,8 @@ def train(s, explicit):
                 "elapsed_s": elapsed_before + time.time() - t_start, "optimizer": optimizer.state_dict(), "rng": rng}
         if scaler.is_enabled():
             ckpt["scaler"] = scaler.state_dict()
-        write_atomic_torch(ckpt, ckpt_path)
+        with prepare_data.atomic_path(ckpt_path) as tmp:
+            torch.save(ckpt, tmp)
 
     # Ctrl-C (SIGINT) or SIGTERM: finish the current step, save, stop. A second Ctrl-C stops at once.
     stop_signal = []
