@@ -1,17 +1,18 @@
 """Shared fixtures: a small synthetic text, tiny prepared datasets (char-level and BPE) in tmp_path, one_thread."""
 
 import os
-
-# The suite runs LEV's kernels eagerly: torch.compile takes seconds per new shape, and these tests use dozens.
-# tests/test_compile.py turns compiling back on to check that the compiled kernels equal the eager ones.
-os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
-
 import random
 import sys
 
 import pytest
 import tiktoken
 import torch
+
+# The suite runs everything torch.compile would compile eagerly (LEV's kernels, train.py --compile): compiling
+# takes seconds per new shape, and these tests use dozens. tests/test_compile.py switches compiling back on, with
+# the same public API, to check that the compiled kernels equal the eager ones. Subprocesses do not inherit the
+# stance: the tests that start train.py in one pass --lev_compile=False.
+torch.compiler.set_stance("force_eager")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the project's scripts import as modules: prepare_data, train, leviathan

@@ -47,7 +47,7 @@ def weights(out):
 def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
     """A few steps of Leviathan on a BPE dataset, as a user runs it (data/ and out-*/ relative to the cwd)."""
     result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--dataset=tiny_bpe", *TINY,
-                             "--max_iters=4", "--eval_interval=2"],
+                             "--max_iters=4", "--eval_interval=2", "--lev_compile=False"],  # eager, as in-process
                             cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
@@ -148,7 +148,7 @@ def test_two_ddp_processes_match_one_process(tmp_path, char_data, capsys):
     run = ["--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2"]
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              os.path.join(ROOT, "train.py"), f"--data_dir={char_data}", "--dataset=tiny_char",
-                             f"--out_dir={tmp_path / 'ddp'}", *TINY, *run],
+                             f"--out_dir={tmp_path / 'ddp'}", *TINY, *run, "--lev_compile=False"],
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 process(es)" in result.stdout and result.stdout.count("step 3: train loss") == 1  # rank 0 prints
