@@ -28,8 +28,10 @@ import time
 import numpy as np
 import torch
 
-from leviathan import EMBEDDINGS, GPT, LEV, Config, resolve_device
-from prepare_data import atomic_path, load_meta, load_split
+import common
+from common import atomic_path, resolve_device
+from leviathan import EMBEDDINGS, GPT, LEV, Config, set_lev_runtime
+from prepare_data import load_meta, load_split
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
@@ -50,8 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--n_embd", type=int, default=128)
     p.add_argument("--block_size", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--lev_chunk", type=int, default=Config.lev_chunk, help="ids per chunk of LEV's fast path")
-    p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=Config.lev_compile,
+    p.add_argument("--lev_chunk", type=int, default=64, help="ids per chunk of LEV's fast path")
+    p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=True,
                    help="table 1: torch.compile LEV's kernels (--no-lev_compile: eager); table 2 times both")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per arm (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
@@ -65,21 +67,40 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.embedding.split(",") if a.strip()]
     bad = [a for a in args.arms if a not in EMBEDDINGS]
-    if bad:
-        p.error(f"unknown arm(s) {', '.join(bad)}; choose from {', '.join(EMBEDDINGS)}")
+    if bad or not args.arms:
+        p.error(f"unknown arm(s) {', '.join(bad) or repr(args.embedding)}; choose from {', '.join(EMBEDDINGS)}")
     args.tables = set(args.tables.split(","))
     if not args.tables <= {"train", "lev", "gen"}:
         p.error(f"--tables={','.join(sorted(args.tables))}: choose among train, lev, gen")
+    check_numbers(p, args)
     try:
         args.device = resolve_device(args.device)
+        Config(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+               n_embd=args.n_embd)  # the model's own checks, before any work
+        Config(vocab_size=args.vocab_size, n_embd=args.lev_embd, n_head=1)
+        if args.json is not None:
+            common.check_output_file(args.json, "--json")
     except ValueError as e:
-        p.error(str(e))
+        p.error(str(e).removeprefix("Config: "))
     if args.dtype == "auto":
         args.dtype = "bfloat16" if args.device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     if args.device == "cuda":  # as train.py
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return args
+
+
+def check_numbers(p, args):
+    """Ranges of the numeric flags (the model's sizes are checked by leviathan.Config)."""
+    minimum = {"batch_size": 1, "lev_chunk": 1, "steps": 1, "warmup": 0, "lev_ids": 1, "plain_max": 0,
+               "gen_tokens": 1, "seed": 0}
+    for name, low in minimum.items():
+        if getattr(args, name) < low:
+            p.error(f"--{name}={getattr(args, name)} must be >= {low}")
+    if args.seed >= 2 ** 63:
+        p.error(f"--seed={args.seed} must be < 2^63")
+    if args.lev_ids > args.vocab_size:
+        p.error(f"--lev_ids={args.lev_ids} distinct ids need --vocab_size >= {args.lev_ids}")
 
 
 def sync(device):
@@ -123,8 +144,9 @@ def batch_source(args):
 def build(arm, vocab_size, args):
     torch.manual_seed(args.seed)
     config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                    n_embd=args.n_embd, embedding=arm, lev_chunk=args.lev_chunk, lev_compile=args.lev_compile)
+                    n_embd=args.n_embd, embedding=arm)
     model = GPT(config).to(args.device)
+    set_lev_runtime(model, chunk=args.lev_chunk, compile=args.lev_compile)
     optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
     return model, optimizer
 
@@ -223,9 +245,11 @@ def lev_table(args, results):
     N, D, V = args.lev_ids, args.lev_embd, args.vocab_size
     print(f"\n## LEV alone: N ids -> (N, {D}), forward + backward, V = {V:,}, {args.device}")
     torch.manual_seed(args.seed)
-    lev = LEV(V, D, lev_chunk=args.lev_chunk).to(args.device)
-    eager = LEV(V, D, lev_chunk=args.lev_chunk, lev_compile=False).to(args.device)
+    lev = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
+    eager = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
     eager.load_state_dict(lev.state_dict())
+    lev.chunk = eager.chunk = args.lev_chunk
+    eager.compile_kernels = False
     emb = torch.nn.Embedding(V, D).to(args.device)
     ids = torch.randperm(V, device=args.device)[:N]  # all distinct: the worst case for LEV
     _, get_batch, what = batch_source(argparse.Namespace(**{**vars(args), "vocab_size": V}))
@@ -275,10 +299,8 @@ def gen_table(args, results):
         prompt = torch.zeros(1, 1, dtype=torch.long, device=args.device)
         variants = [(True, True), (False, True)] + ([(True, False), (False, False)] if arm == "lev" else [])
         for kv, lev_cache in variants:
-            if arm == "lev":
-                model.tok_emb.use_cache = lev_cache
-            model.generate(prompt, 8, 0.0, None, None, kv)  # warm-up
-            seconds = timed(args.device, model.generate, prompt, n, 0.0, None, None, kv)
+            model.generate(prompt, 8, 0.0, None, None, kv, lev_cache)  # warm-up
+            seconds = timed(args.device, model.generate, prompt, n, 0.0, None, None, kv, lev_cache)
             rows.append({"arm": arm, "kv_cache": kv, "lev_cache": lev_cache if arm == "lev" else None,
                          "tokens_per_s": n / seconds})
             print(f"| {arm} | {'on' if kv else 'off'} | {('on' if lev_cache else 'off') if arm == 'lev' else '-'} | "

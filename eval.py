@@ -29,11 +29,10 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-import leviathan
-from leviathan import load_checkpoint
-from prepare_data import atomic_path, eval_windows, get_tokenizer, load_meta, load_split
+import common
+from common import atomic_path, load_checkpoint
+from prepare_data import eval_windows, get_tokenizer, load_meta, load_split
 
 # a target falls in bucket i when its id's training count is in [lower[i], lower[i + 1])
 BUCKETS = ("unseen", "1-10", "11-100", "101-1k", "1k-10k", ">10k")
@@ -54,14 +53,13 @@ every word token is the model's argmax. Word perplexity is exp(mean loss over al
 
 def fail(msg):
     """Bad input: one clear line on stderr and exit code 2, never a traceback."""
-    print(f"eval.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    common.fail("eval.py", msg)
 
 
 def resolve_device(name):
-    """leviathan.resolve_device, a missing device reported as bad input."""
+    """common.resolve_device, a missing device reported as bad input."""
     try:
-        return leviathan.resolve_device(name)
+        return common.resolve_device(name)
     except ValueError as err:
         fail(str(err))
 
@@ -75,7 +73,8 @@ def evaluate_tokens(model, tokens, batch_size, device):
     """Score every target of the split once: tokens (1-D array) -> (losses, targets), both flat numpy arrays.
 
     Windows are prepare_data.eval_windows(len(tokens), block_size) with no maximum: inputs tokens[s:s+T],
-    targets tokens[s+1:s+T+1]. Per-token losses are F.cross_entropy(reduction="none") on fp32 logits."""
+    targets tokens[s+1:s+T+1]. Per-token losses are the model's own (GPT.forward, reduction="none": the
+    cross-entropy of fp32 logits)."""
     T = model.config.block_size
     starts = eval_windows(len(tokens), T)  # raises a clear ValueError when the split is too short
     offsets = np.arange(T + 1)
@@ -84,9 +83,8 @@ def evaluate_tokens(model, tokens, batch_size, device):
         window = np.asarray(tokens[starts[i:i + batch_size, None] + offsets], dtype=np.int64)  # (B, T + 1)
         x = torch.from_numpy(window[:, :-1]).to(device)
         y = torch.from_numpy(window[:, 1:]).to(device)
-        logits, _ = model(x, y)  # with targets, forward returns the logits of every position
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
-        losses.append(loss.cpu().numpy())
+        _, loss = model(x, y, reduction="none")  # (B, T)
+        losses.append(loss.flatten().cpu().numpy())
         targets.append(window[:, 1:].reshape(-1))
     return np.concatenate(losses), np.concatenate(targets)
 
@@ -229,8 +227,7 @@ def lambada_eval(model, passages, batch_size, device):
             x[r, :len(seq) - 1] = torch.tensor(seq[:-1])
             y[r, len(c) - 1:len(seq) - 1] = torch.tensor(w)  # the word's tokens, predicted from c and w[:j]
         x, y = x.to(device), y.to(device)
-        logits, _ = model(x, y)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="none")
+        logits, loss = model(x, y, reduction="none")  # loss 0 where y = -1
         is_word = y >= 0
         hit = (logits.argmax(-1) == y) | ~is_word
         correct += int(hit.all(dim=1).sum())
@@ -401,11 +398,17 @@ def parse_args(argv):
         fail(f"--batch_size={args.batch_size} must be at least 1")
     if args.lambada_max < 0:
         fail(f"--lambada_max={args.lambada_max} must be >= 0 (0 skips the last-word task)")
-    if args.plot:
+    if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             fail("--plot needs matplotlib, which is not installed: pip install matplotlib (or drop --plot)")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:  # refused now, not after the whole evaluation
+            try:
+                common.check_output_file(path, flag)
+            except ValueError as e:
+                fail(str(e))
     return args
 
 
@@ -467,6 +470,8 @@ def main(argv=None):
         except ValueError as e:
             fail(str(e))
         val_loss = float(np.mean(losses, dtype=np.float64))
+        if not math.isfinite(val_loss):
+            fail(f"{d} gives a val loss of {val_loss} (its weights overflow on this data); use an earlier checkpoint")
         results.append({
             "label": names[i], "dir": d, "embedding": ckpt["model_config"]["embedding"],
             "model_config": ckpt["model_config"], "step": ckpt.get("step"), "tokens_seen": ckpt.get("tokens_seen"),

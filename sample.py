@@ -14,15 +14,16 @@ Defaults follow nanoGPT's sample.py.
 """
 
 import argparse
-import contextlib
+import math
 import os
 import sys
 import time
 
 import torch
 
-import leviathan
+import common
 import prepare_data
+from leviathan import set_lev_runtime
 
 SEPARATOR = "---------------"
 
@@ -40,9 +41,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 def fail(message):
     """Bad input: one actionable line on stderr and exit code 2, never a traceback."""
-    message = " ".join(message.split())  # one line, even when it quotes a multi-line library message
-    print(f"sample.py: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    common.fail("sample.py", message)
 
 
 def parse_args(argv):
@@ -66,10 +65,13 @@ def parse_args(argv):
                    help="recompute the whole context for every token (to measure the KV cache's speed-up)")
     p.add_argument("--no_lev_cache", action="store_true",
                    help="lev arm: recompute LEV embeddings at every step instead of once per id (to measure it)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads; 0: one for models under 50M parameters (threads that wait for each other "
+                        "collapse decoding on a busy machine), torch's default above")
     args = p.parse_args(argv)
     # the same rules GPT.stream enforces, checked up front so that nothing is loaded for a typo
-    if args.temperature < 0:
-        p.error(f"--temperature={args.temperature} must be >= 0 (0 means greedy)")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        p.error(f"--temperature={args.temperature} must be a finite number >= 0 (0 means greedy)")
     if args.top_k < 1:
         p.error(f"--top_k={args.top_k} must be >= 1")
     if args.top_p is not None and not 0 < args.top_p <= 1:
@@ -78,13 +80,17 @@ def parse_args(argv):
         p.error(f"--num_samples={args.num_samples} must be >= 1")
     if args.max_new_tokens < 0:
         p.error(f"--max_new_tokens={args.max_new_tokens} must be >= 0")
+    if not 0 <= args.seed < 2 ** 63:
+        p.error(f"--seed={args.seed} must be in [0, 2^63)")
+    if args.threads < 0:
+        p.error(f"--threads={args.threads} must be >= 0 (0: automatic)")
     return args
 
 
 def pick_device(name):
-    """leviathan.resolve_device, a missing device reported as bad input."""
+    """common.resolve_device, a missing device reported as bad input."""
     try:
-        return leviathan.resolve_device(name)
+        return common.resolve_device(name)
     except ValueError as e:
         fail(str(e))
 
@@ -136,15 +142,11 @@ def main(argv=None):
     if not os.path.isdir(args.out_dir):
         fail(f"--out_dir={args.out_dir} does not exist; train a model first (python train.py ...) or fix --out_dir")
     try:
-        model, ckpt = leviathan.load_checkpoint(args.out_dir, device)
-    except (OSError, ValueError) as e:  # missing, unreadable, another format version: the message says what to do
+        model, ckpt = common.load_checkpoint(args.out_dir, device)
+    except (OSError, ValueError) as e:  # missing, unreadable, edited, diverged: the message says what to do
         fail(str(e))
-    except (KeyError, TypeError, RuntimeError) as e:  # fields missing, weights that do not fit the model settings
-        detail = " ".join(str(e).split())[:300]  # load_state_dict's message lists every key that does not fit
-        fail(f"cannot load the checkpoint in {args.out_dir} ({type(e).__name__}: {detail}); was it written "
-             f"by another version of train.py?")
-    meta = ckpt.get("meta")
-    if not isinstance(meta, dict) or "tokenizer" not in meta:
+    meta = ckpt["meta"]
+    if "tokenizer" not in meta:
         fail(f"the checkpoint in {args.out_dir} has no dataset metadata (meta) naming its tokenizer; retrain it "
              f"with this version of train.py")
     try:
@@ -167,11 +169,11 @@ def main(argv=None):
         prompt_ids = prompt_ids[-block_size:]
     x = torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
-    # the caches: the KV cache is GPT.stream's use_cache; LEV (gradients off) computes each id's embedding
-    # once and then looks it up, unless its use_cache is off, when it recomputes the step's embeddings
+    # the caches are GPT.stream's: use_cache (KV) and lev_cache (each id's LEV embedding computed once per call)
     is_lev = model.config.embedding == "lev"
-    if is_lev:
-        model.tok_emb.use_cache = not args.no_lev_cache
+    set_lev_runtime(model, compile=False)  # LEV's kernels compile for training only; generation meets each id once
+    if device == "cpu":
+        torch.set_num_threads(args.threads or common.pick_threads(model.param_report()["total"]))
     if args.compile:
         # in place, so that GPT.stream's self(...) runs compiled. The whole model, not block by block: each block
         # would be a separate specialisation of one function and exhaust dynamo's recompile limit. LEV's
@@ -179,7 +181,7 @@ def main(argv=None):
         model.compile()
     torch.manual_seed(args.seed)  # seeds every device's generator
     # bfloat16 autocast on CUDA, as nanoGPT; elsewhere full fp32 (sample_next works on fp32 logits either way)
-    autocast = torch.autocast("cuda", torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+    autocast = common.autocast(device, "bfloat16" if device == "cuda" else "float32")
 
     texts = []
     t0 = time.perf_counter()
@@ -190,7 +192,7 @@ def main(argv=None):
             sys.stdout.write(prompt)
             sys.stdout.flush()
             new_ids = (int(t) for t in model.stream(x, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                                    use_cache=not args.no_kv_cache))
+                                                    use_cache=not args.no_kv_cache, lev_cache=not args.no_lev_cache))
             pieces = []
             for piece in stream_text(tokenizer, new_ids):
                 sys.stdout.write(piece)
@@ -210,7 +212,8 @@ def main(argv=None):
     kv_state = "off" if args.no_kv_cache else "on"
     lev_state = ("off" if args.no_lev_cache else "on") if is_lev else f"n/a ({model.config.embedding} arm)"
     print(f"sample.py: {rate}; {args.num_samples} x {args.max_new_tokens} new tokens, kv_cache={kv_state}, "
-          f"lev_cache={lev_state}, device={device}, compile={'on' if args.compile else 'off'}", file=sys.stderr)
+          f"lev_cache={lev_state}, device={device}, threads={torch.get_num_threads()}, "
+          f"compile={'on' if args.compile else 'off'}", file=sys.stderr)
     return texts
 
 

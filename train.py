@@ -17,8 +17,9 @@ val split (prepare_data.eval_windows), so lev, tied and untied see exactly the s
 Output: out_dir/log.jsonl gets one record per evaluation (step 0 included). out_dir/ckpt.pt is the latest state
 (model, optimizer, settings, data order and RNG states): it is written after every evaluation (every
 eval_interval steps and at the last step) and when the run is stopped with Ctrl-C (or SIGTERM). Resuming continues
-exactly: 10 steps, then 10 more with --init_from=resume, give the same losses and weights as 20 steps. A NaN or
-infinite loss stops the run and leaves ckpt.pt at its last good state.
+exactly: 10 steps, then 10 more with --init_from=resume, give the same losses and weights as 20 steps. A
+non-finite loss, gradient norm or validation loss stops the run before anything is saved, so ckpt.pt always
+holds the last good state; a scratch run refuses an out_dir that already holds a run (see --overwrite).
 """
 
 import ast
@@ -30,41 +31,32 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import common
 import prepare_data
-from leviathan import CHECKPOINT_VERSION, EMBEDDINGS, GPT, Config, load_checkpoint, resolve_device
+from leviathan import EMBEDDINGS, GPT, Config, set_lev_runtime
 
 # ----------------------------------------------------------------------------------------------------------
-# Settings: name -> (default, help). The model's come from leviathan.Config, the one source of their defaults.
+# Settings: name -> (default, help). The model's come from leviathan.Config's fields, defaults and help.
 
-MODEL = {f.name: f.default for f in dataclasses.fields(Config) if f.name != "vocab_size"}  # V: from the data
+MODEL = {f.name: (f.default, f.metadata["help"]) for f in dataclasses.fields(Config) if f.name != "vocab_size"}
 
 SETTINGS = {
     # data and output
     "dataset": ("shakespeare", "a dataset folder under data_dir, made by prepare_data.py"),
     "data_dir": ("data", "folder that holds the datasets"),
     "out_dir": ("out-{dataset}-{embedding}", "where ckpt.pt and log.jsonl go; {name} is replaced by that setting"),
-    "init_from": ("scratch", "scratch (a new model; replaces out_dir/ckpt.pt) or resume (continue out_dir/ckpt.pt)"),
-    # model (leviathan.Config)
-    "embedding": (MODEL["embedding"], "lev (Leviathan: LEV input + untied head), tied or untied (baselines)"),
-    "n_layer": (MODEL["n_layer"], "Transformer blocks"),
-    "n_head": (MODEL["n_head"], "attention heads"),
-    "n_embd": (MODEL["n_embd"], "model width"),
-    "block_size": (MODEL["block_size"], "context length in tokens"),
-    "dropout": (MODEL["dropout"], "dropout probability"),
-    "n_digits": (MODEL["n_digits"], "LEV: digits k of a token id, in base ceil(V^(1/k))"),
-    "d_seed": (MODEL["d_seed"], "LEV: width of the seed vector"),
-    "n_lev_heads": (MODEL["n_lev_heads"], "LEV: separable modes, summed"),
-    "n_knots": (MODEL["n_knots"], "LEV: knots of each quadratic B-spline"),
-    "lev_rank": (MODEL["lev_rank"], "LEV: outputs of each spline (length of a mode)"),
-    "lev_chunk": (MODEL["lev_chunk"], "LEV: ids computed together (memory only, not results)"),
-    "lev_compile": (MODEL["lev_compile"], "LEV: torch.compile its two kernels (speed only, not results)"),
+    "init_from": ("scratch", "scratch (a new model) or resume (continue out_dir/ckpt.pt)"),
+    "overwrite": (False, "let a scratch run replace the ckpt.pt and log.jsonl of a run already in out_dir"),
+    **MODEL,
+    # LEV's fast path: settings of the run, not of the model (they change speed and memory, not results)
+    "lev_chunk": (64, "LEV: ids computed together (memory and speed only); 64 suits a CPU, more a GPU"),
+    "lev_compile": (True, "LEV: torch.compile its two kernels (speed only, not results)"),
     # optimization
     "batch_size": (64, "sequences per micro-step, per process"),
     "gradient_accumulation_steps": (1, "micro-steps per optimizer step, over all processes together"),
@@ -72,7 +64,8 @@ SETTINGS = {
     "learning_rate": (1e-3, "peak learning rate (AdamW)"),
     "min_lr": (1e-4, "learning rate at the end of the cosine decay"),
     "warmup_iters": (100, "steps of linear warmup (the first step already has lr > 0)"),
-    "lr_decay_iters": (0, "step at which the cosine decay reaches min_lr; 0 means max_iters"),
+    "lr_decay_iters": (0, "step at which the cosine decay reaches min_lr; 0 means max_iters (fixed at the start "
+                          "of a run, so that resuming with a larger max_iters keeps the schedule)"),
     "weight_decay": (0.1, "AdamW weight decay (matrices and tables only)"),
     "beta1": (0.9, "AdamW beta1"),
     "beta2": (0.95, "AdamW beta2"),
@@ -129,8 +122,11 @@ def read_config_file(path):
             tree = ast.parse(f.read(), path)
     except OSError as e:
         raise SettingsError(f"config file {path}: {e.strerror}") from None
-    except SyntaxError as e:
-        raise SettingsError(f"{path} line {e.lineno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise SettingsError(f"config file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
+        raise SettingsError(f"config file {path}, line {getattr(e, 'lineno', '?')}: {getattr(e, 'msg', e)}; "
+                            f"only `key = value` lines are allowed") from None
     for node in tree.body:
         where = f"{path} line {node.lineno}"
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
@@ -165,7 +161,7 @@ def parse_args(argv):
         else:
             try:
                 value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
                 value = text
         set_setting(settings, key, value, arg)
         explicit.add(key)
@@ -173,19 +169,28 @@ def parse_args(argv):
 
 
 def check_settings(s):
-    """Ranges that a type alone does not say (the model's are checked by leviathan.Config)."""
+    """Ranges that a type alone does not say; the model's are checked by leviathan.Config itself."""
     def need(ok, msg):
         if not ok:
             raise SettingsError(msg)
 
-    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval"):
+    for key, value in s.items():
+        need(not isinstance(value, float) or math.isfinite(value), f"{key}={value} must be a finite number")
+    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "lev_chunk"):
         need(s[key] >= 1, f"{key}={s[key]} must be at least 1")
     for key in ("max_iters", "eval_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip"):
         need(s[key] >= 0, f"{key}={s[key]} must be >= 0")
     need(s["learning_rate"] > 0, f"learning_rate={s['learning_rate']} must be > 0")
+    need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
+                                            f"{s['learning_rate']} (the decay goes down to min_lr)")
     need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
+    need(0 <= s["seed"] < 2 ** 63 - DATA_SEED_OFFSET - 1024, f"seed={s['seed']} must be in [0, 2^63 - 2^21)")
     need(os.path.basename(s["dataset"]) == s["dataset"] and s["dataset"] not in ("", ".", ".."),
          f"dataset={s['dataset']!r} must be a folder name under data_dir (use --data_dir for another folder)")
+    try:
+        Config(vocab_size=2, **{key: s[key] for key in MODEL})  # the model's own checks, before any work
+    except ValueError as e:
+        raise SettingsError(str(e).removeprefix("Config: ")) from None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -225,165 +230,352 @@ def read_log(path, before_step):
     """The records of log.jsonl for steps before `before_step` (a resumed run redoes the rest)."""
     if not os.path.isfile(path):
         return []
-    with open(path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return [r for r in records if r["step"] < before_step]
+    records = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                record = json.loads(line) if line.strip() else None
+                if record is not None and record["step"] < before_step:
+                    records.append(record)
+            except (ValueError, KeyError, TypeError):
+                raise SettingsError(f"{path}:{n} is not a log record; fix or delete that line, then resume") from None
+    return records
 
 
 def same_tokens(meta_a, meta_b):
     return all(meta_a.get(k) == meta_b.get(k) for k in ("tokenizer", "vocab_size", "chars"))
 
 
+def all_finite(model):
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
 # ----------------------------------------------------------------------------------------------------------
-# Training
+# Setting up a run: output folder, processes and device, data, model
 
 
-def train(s, explicit):
-    # -- a resumed run: the checkpoint's settings, with this command's config files and flags on top --
+def resolve_run(s, explicit):
+    """Fill in out_dir, check it, and for a resumed run load the checkpoint and take its settings (files and
+    flags on top). Returns the checkpoint (None for a scratch run)."""
     try:  # e.g. out-{dataset}-{embedding}: one folder per arm, so arms do not overwrite each other
         s["out_dir"] = s["out_dir"].format(**s)
-    except (KeyError, IndexError, ValueError) as e:
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
         raise SettingsError(f"out_dir={s['out_dir']!r}: each {{...}} must name a setting, e.g. {{embedding}} "
                             f"({type(e).__name__}: {e})") from None
+    common.check_output_dir(s["out_dir"], "out_dir")
     ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
-    ckpt = None
-    if s["init_from"] == "resume":
-        model, ckpt = load_checkpoint(ckpt_path, "cpu")
-        for key, value in ckpt["train_config"].items():
-            if key in SETTINGS and key not in explicit and key not in ("out_dir", "init_from"):
-                s[key] = value
-        check_settings(s)
-        for key in MODEL:  # model.config: the checkpoint's, with defaults for settings added since
-            if s[key] != getattr(model.config, key):
-                raise SettingsError(f"{ckpt_path} has {key}={getattr(model.config, key)!r}, this run asks for "
-                                    f"{s[key]!r}; a resumed run keeps its model (drop --{key}, or use another out_dir)")
+    if s["init_from"] == "scratch":
+        held = [name for name in ("ckpt.pt", "log.jsonl") if os.path.exists(os.path.join(s["out_dir"], name))]
+        if held and not s["overwrite"]:
+            raise SettingsError(f"{s['out_dir']} already holds a run ({' and '.join(held)}); continue it with "
+                                f"--init_from=resume, train into another --out_dir, or pass --overwrite to replace it")
+        s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed now: a resume keeps this schedule
+        return None
+    ckpt, _ = common.read_checkpoint(ckpt_path, "cpu", for_resume=True)
+    for key, value in ckpt["train_config"].items():
+        if key in SETTINGS and key not in MODEL and key not in explicit and key not in ("out_dir", "init_from"):
+            s[key] = value
+    for key, value in ckpt["model_config"].items():  # the model is the checkpoint's; a flag may not change it
+        if key in MODEL and key in explicit and s[key] != value:
+            raise SettingsError(f"{ckpt_path} has {key}={value!r}, this run asks for {s[key]!r}; a resumed run "
+                                f"keeps its model (drop --{key}, or use another out_dir)")
+        if key in MODEL:
+            s[key] = value
+    check_settings(s)
+    return ckpt
 
-    # -- processes and device: under torchrun each process runs this script with RANK/WORLD_SIZE set --
-    ddp = "RANK" in os.environ
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    master = rank == 0
-    log = print if master else (lambda *args, **kwargs: None)
-    device_name = resolve_device(s["device"])  # a ValueError, reported like a bad setting
-    if ddp and device_name == "mps":
-        raise SettingsError("DDP (torchrun) runs on cuda (nccl) or cpu (gloo), not mps; use --device=cpu")
-    device = torch.device(f"cuda:{local_rank}" if device_name == "cuda" and ddp else device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    dtype_name = s["dtype"]
-    if dtype_name == "auto":
-        dtype_name = "float32" if device.type != "cuda" else (
-            "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-    ptdtype = getattr(torch, dtype_name)
-    autocast = nullcontext() if ptdtype == torch.float32 else torch.autocast(device.type, dtype=ptdtype)
-    if s["gradient_accumulation_steps"] % world:
-        raise SettingsError(f"gradient_accumulation_steps={s['gradient_accumulation_steps']} must be divisible by "
-                            f"the number of processes ({world})")
-    local_accum = s["gradient_accumulation_steps"] // world
 
-    # -- data --
-    data_dir = os.path.join(s["data_dir"], s["dataset"])
-    meta = prepare_data.load_meta(data_dir)
-    train_data, val_data = prepare_data.load_split(data_dir, "train"), prepare_data.load_split(data_dir, "val")
-    T, B = s["block_size"], s["batch_size"]
-    if len(train_data) <= T:
-        raise SettingsError(f"the train split of {data_dir} has {len(train_data)} tokens, too few for "
-                            f"block_size={T}; use a smaller block_size or more text")
-    # fixed evaluation windows, the same for every arm; the train split's as many as the val split's
-    val_starts = prepare_data.eval_windows(len(val_data), T, s["eval_iters"] * B or None)
-    train_starts = prepare_data.eval_windows(len(train_data), T, len(val_starts))
+class Processes:
+    """This process's place in the run (under torchrun each process runs this script with RANK/WORLD_SIZE set),
+    its device and its autocast dtype."""
 
-    # -- model, optimizer, and the state of a resumed run --
-    data_generator = torch.Generator()  # the data order's own stream: the model's init does not shift it
-    if ckpt is not None:
-        if not same_tokens(ckpt["meta"], meta):
-            raise SettingsError(f"{ckpt_path} was trained on {ckpt['meta']['tokenizer']} tokens (vocab_size "
-                                f"{ckpt['meta']['vocab_size']}), but {data_dir} has {meta['tokenizer']} tokens "
-                                f"(vocab_size {meta['vocab_size']}); resume on data with the same tokenizer, or "
-                                f"train from scratch in another out_dir")
-        model.train()
+    def __init__(self, s):
+        self.ddp = "RANK" in os.environ
+        self.rank, self.world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.master = self.rank == 0
+        device_name = common.resolve_device(s["device"])  # a ValueError, reported like a bad setting
+        if self.ddp and device_name == "mps":
+            raise SettingsError("DDP (torchrun) runs on cuda (nccl) or cpu (gloo), not mps; use --device=cpu")
+        self.device = torch.device(f"cuda:{self.local_rank}" if device_name == "cuda" and self.ddp else device_name)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.dtype = common.resolve_dtype(s["dtype"], self.device.type)
+        self.autocast = common.autocast(self.device.type, self.dtype)
+        if s["gradient_accumulation_steps"] % self.world:
+            raise SettingsError(f"gradient_accumulation_steps={s['gradient_accumulation_steps']} must be divisible "
+                                f"by the number of processes ({self.world})")
+        self.local_accum = s["gradient_accumulation_steps"] // self.world
+
+    def log(self, *args, **kwargs):
+        if self.master:
+            print(*args, **kwargs)
+
+
+class Data:
+    """The dataset's splits and the fixed evaluation windows (the same for every arm)."""
+
+    def __init__(self, s):
+        self.dir = os.path.join(s["data_dir"], s["dataset"])
+        self.meta = prepare_data.load_meta(self.dir)
+        self.train, self.val = prepare_data.load_split(self.dir, "train"), prepare_data.load_split(self.dir, "val")
+        T, B = s["block_size"], s["batch_size"]
+        if len(self.train) <= T:
+            raise SettingsError(f"the train split of {self.dir} has {len(self.train)} tokens, too few for "
+                                f"block_size={T}; use a smaller block_size or more text")
+        # the train split's windows are as many as the val split's
+        self.val_starts = prepare_data.eval_windows(len(self.val), T, s["eval_iters"] * B or None)
+        self.train_starts = prepare_data.eval_windows(len(self.train), T, len(self.val_starts))
+
+
+def restore_rng(ckpt, data_generator, device, path):
+    """The data order's and torch's random states of a resumed run."""
+    try:
         data_generator.set_state(ckpt["rng"]["data"])
         torch.set_rng_state(ckpt["rng"]["torch"])
         if device.type == "cuda" and "cuda" in ckpt["rng"]:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
-        step, tokens_seen, best_val_loss = ckpt["step"], ckpt["tokens_seen"], ckpt["best_val_loss"]
-        elapsed_before = ckpt.get("elapsed_s", 0.0)
-    else:
-        torch.manual_seed(s["seed"])  # the model's initialization
-        model = GPT(Config(vocab_size=meta["vocab_size"], **{key: s[key] for key in MODEL}))
-        data_generator.manual_seed(s["seed"] + DATA_SEED_OFFSET)
-        torch.manual_seed(s["seed"] + rank)  # dropout masks: a stream per process
-        step, tokens_seen, best_val_loss, elapsed_before = 0, 0, float("inf"), 0.0
-    if ddp and ckpt is not None and rank > 0:
-        torch.manual_seed(s["seed"] + rank + step)  # only rank 0's dropout stream is in the checkpoint
-    model.to(device)
-    optimizer = model.configure_optimizers(s["weight_decay"], s["learning_rate"], (s["beta1"], s["beta2"]),
-                                           device.type)
-    scaler = torch.amp.GradScaler(device.type, enabled=ptdtype == torch.float16)
-    if ckpt is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if "scaler" in ckpt:
-            scaler.load_state_dict(ckpt["scaler"])
-        del ckpt
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise SettingsError(f"{path}: its random states (rng) are unusable ({type(e).__name__}); it was edited "
+                            f"or damaged. Resume from an untouched checkpoint") from None
 
-    # -- wrap: torch.compile, then DDP; `model` is the plain module, for checkpoints and evaluation --
-    if ddp:
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    fast_model = torch.compile(model) if s["compile"] else model
-    train_model = DDP(fast_model, device_ids=[local_rank] if device.type == "cuda" else None) if ddp else fast_model
 
-    # -- output --
-    log_path = os.path.join(s["out_dir"], "log.jsonl")
-    if master:
-        os.makedirs(s["out_dir"], exist_ok=True)
-        records = read_log(log_path, step) if s["init_from"] == "resume" else []
-        with prepare_data.atomic_path(log_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+# ----------------------------------------------------------------------------------------------------------
+# Training
 
-    tokens_per_step = s["gradient_accumulation_steps"] * B * T
-    report = model.param_report()
-    log(f"data: {data_dir}, {meta['tokenizer']} tokens, vocab {meta['vocab_size']:,}, train {len(train_data):,}, "
-        f"val {len(val_data):,} tokens ({len(val_starts)} eval windows per split)")
-    log(f"model: {s['embedding']}, parameters: input embedding {report['input_embedding']:,}, backbone "
-        f"{report['backbone']:,}, head {report['head']:,}, total {report['total']:,}")
-    log(f"device {device}, dtype {dtype_name}, {world} process(es), {tokens_per_step:,} tokens per step, "
-        + (f"resuming at step {step}" if s["init_from"] == "resume" else f"writing {ckpt_path}"))
+
+class Trainer:
+    """One run: the model, its optimizer and the counters that a checkpoint saves and a resume restores."""
+
+    def __init__(self, s, procs, data, ckpt):
+        self.s, self.procs, self.data = s, procs, data
+        self.ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
+        self.log_path = os.path.join(s["out_dir"], "log.jsonl")
+        self.data_generator = torch.Generator()  # the data order's own stream: the model's init does not shift it
+        if ckpt is None:
+            torch.manual_seed(s["seed"])  # the model's initialization
+            self.model = GPT(Config(vocab_size=data.meta["vocab_size"], **{key: s[key] for key in MODEL}))
+            self.data_generator.manual_seed(s["seed"] + DATA_SEED_OFFSET)
+            torch.manual_seed(s["seed"] + procs.rank)  # dropout masks: a stream per process
+            self.step, self.tokens_seen, self.best_val_loss, self.elapsed_before = 0, 0, float("inf"), 0.0
+        else:
+            self.resume(ckpt)
+        set_lev_runtime(self.model, chunk=s["lev_chunk"], compile=s["lev_compile"])
+        self.model.to(procs.device)
+        self.optimizer = self.model.configure_optimizers(s["weight_decay"], s["learning_rate"],
+                                                         (s["beta1"], s["beta2"]), procs.device.type)
+        self.scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")
+        if ckpt is not None:
+            try:
+                self.optimizer.load_state_dict(ckpt["optimizer"])
+                if "scaler" in ckpt:
+                    self.scaler.load_state_dict(ckpt["scaler"])
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:
+                raise SettingsError(f"{self.ckpt_path}: its optimizer state does not fit the model "
+                                    f"({common.one_line(e)[:200]}); it was edited or damaged") from None
+        self.t_start = time.time()
+
+    def resume(self, ckpt):
+        s, procs = self.s, self.procs
+        if not same_tokens(ckpt["meta"], self.data.meta):
+            raise SettingsError(f"{self.ckpt_path} was trained on {ckpt['meta'].get('tokenizer')} tokens (vocab_size "
+                                f"{ckpt['meta'].get('vocab_size')}), but {self.data.dir} has "
+                                f"{self.data.meta['tokenizer']} tokens (vocab_size {self.data.meta['vocab_size']}); "
+                                f"resume on data with the same tokenizer, or train from scratch in another out_dir")
+        self.model = common.build_model(ckpt, self.ckpt_path).train()
+        restore_rng(ckpt, self.data_generator, procs.device, self.ckpt_path)
+        self.step, self.tokens_seen = ckpt["step"], ckpt["tokens_seen"]
+        self.best_val_loss, self.elapsed_before = ckpt["best_val_loss"], float(ckpt.get("elapsed_s", 0.0))
+        if procs.ddp and procs.rank > 0:
+            torch.manual_seed(s["seed"] + procs.rank + self.step)  # only rank 0's dropout stream is saved
+
+    def elapsed(self):
+        return self.elapsed_before + time.time() - self.t_start
 
     @torch.no_grad()
-    def evaluate(data, starts):
+    def evaluate(self, fast_model, split, starts):
         """Mean loss per target token over the fixed windows; each process takes every world-th window."""
-        model.eval()
+        procs, B, T = self.procs, self.s["batch_size"], self.s["block_size"]
+        self.model.eval()
         total, count = 0.0, 0
-        mine = starts[rank::world]
+        mine = starts[procs.rank::procs.world]
         for i in range(0, len(mine), B):
-            x, y = get_batch(data, mine[i:i + B], T, device)
-            with autocast:
+            x, y = get_batch(split, mine[i:i + B], T, procs.device)
+            with procs.autocast:
                 _, loss = fast_model(x, y)
             total += loss.item() * y.numel()
             count += y.numel()
-        model.train()
-        if ddp:
-            sums = torch.tensor([total, count], dtype=torch.float64, device=device)
+        self.model.train()
+        if procs.ddp:
+            sums = torch.tensor([total, count], dtype=torch.float64, device=procs.device)
             dist.all_reduce(sums)
             total, count = sums.tolist()
         return total / count
 
-    def save_checkpoint():
-        if not master:
+    def save(self):
+        """ckpt.pt, atomically; never with non-finite weights (the last good one stays instead)."""
+        if not self.procs.master:
             return
-        rng = {"data": data_generator.get_state(), "torch": torch.get_rng_state()}
+        device = self.procs.device
+        rng = {"data": self.data_generator.get_state(), "torch": torch.get_rng_state()}
         if device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(device)
-        ckpt = {"version": CHECKPOINT_VERSION, "model": model.state_dict(),
-                "model_config": dataclasses.asdict(model.config), "train_config": dict(s), "meta": meta,
-                "step": step, "tokens_seen": tokens_seen, "best_val_loss": best_val_loss,
-                "elapsed_s": elapsed_before + time.time() - t_start, "optimizer": optimizer.state_dict(), "rng": rng}
-        if scaler.is_enabled():
-            ckpt["scaler"] = scaler.state_dict()
-        with prepare_data.atomic_path(ckpt_path) as tmp:
-            torch.save(ckpt, tmp)
+        ckpt = {"version": common.CHECKPOINT_VERSION, "model": self.model.state_dict(),
+                "model_config": dataclasses.asdict(self.model.config), "train_config": dict(self.s),
+                "meta": self.data.meta, "step": self.step, "tokens_seen": self.tokens_seen,
+                "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed(),
+                "optimizer": self.optimizer.state_dict(), "rng": rng}
+        if self.scaler.is_enabled():
+            ckpt["scaler"] = self.scaler.state_dict()
+        common.save_checkpoint(ckpt, self.ckpt_path)
+
+    def evaluate_and_save(self, fast_model):
+        """Evaluate both splits, append to log.jsonl, save ckpt.pt. Returns False (nothing saved) when the model
+        has diverged: a non-finite val loss or non-finite weights."""
+        s, data = self.s, self.data
+        t_eval = time.time()
+        train_loss = self.evaluate(fast_model, data.train, data.train_starts)
+        val_loss = self.evaluate(fast_model, data.val, data.val_starts)
+        self.last_eval_s = time.time() - t_eval
+        if not (math.isfinite(val_loss) and math.isfinite(train_loss) and all_finite(self.model)):
+            self.diverged(f"the val loss is {val_loss} at step {self.step}")
+            return False
+        self.best_val_loss = min(self.best_val_loss, val_loss)
+        record = {"step": self.step, "tokens": self.tokens_seen, "train_loss": train_loss, "val_loss": val_loss,
+                  "lr": get_lr(self.step, s), "elapsed_s": round(self.elapsed(), 3), "embedding": s["embedding"]}
+        if self.procs.master:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        self.save()
+        self.procs.log(f"step {self.step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
+                       f"{self.best_val_loss:.4f}), eval {self.last_eval_s:.1f} s, saved {self.ckpt_path}")
+        return True
+
+    def diverged(self, what):
+        if self.procs.master:
+            kept = (f"{self.ckpt_path} keeps the last good state" if os.path.exists(self.ckpt_path)
+                    else "no checkpoint was written")
+            print(f"train.py: error: {what}; stopping without saving, {kept}. Lower learning_rate (or "
+                  f"grad_clip), or use dtype=float32 or bfloat16", file=sys.stderr)
+
+    def train_step(self, train_model, stop_signal):
+        """One optimizer step over gradient_accumulation_steps * batch_size windows, drawn for all processes
+        together so that the data order does not depend on how many processes share the work.
+        Returns (mean loss, gradient norm, whether any process was asked to stop, lr), or None when the loss or
+        the gradient is not finite (then no weight was changed)."""
+        s, procs = self.s, self.procs
+        T, B = s["block_size"], s["batch_size"]
+        lr = get_lr(self.step, s)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(len(self.data.train) - T, (s["gradient_accumulation_steps"] * B,),
+                               generator=self.data_generator).numpy()
+        loss_sum = torch.zeros((), device=procs.device)
+        for micro in range(procs.local_accum):
+            first = (procs.rank * procs.local_accum + micro) * B
+            x, y = get_batch(self.data.train, starts[first:first + B], T, procs.device)
+            if procs.ddp:  # average gradients across processes only after the last micro-step
+                train_model.require_backward_grad_sync = micro == procs.local_accum - 1
+            with procs.autocast:
+                _, loss = train_model(x, y)
+            loss_sum += loss.detach()
+            self.scaler.scale(loss / procs.local_accum).backward()
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s["grad_clip"] or float("inf"))
+        # one all-reduce: the step's mean loss, and whether any process was asked to stop
+        stop_requested = torch.tensor(float(bool(stop_signal)), device=procs.device)  # a signal during this step
+        shared = torch.stack([loss_sum / procs.local_accum, stop_requested])
+        if procs.ddp:
+            dist.all_reduce(shared)
+        step_loss, stop = shared[0].item() / procs.world, shared[1].item() > 0
+        # float16's GradScaler skips a step with inf gradients by itself; elsewhere such a step would write NaNs
+        if not math.isfinite(step_loss) or (not self.scaler.is_enabled() and not torch.isfinite(grad_norm)):
+            what = "loss" if not math.isfinite(step_loss) else "gradient norm"
+            value = step_loss if what == "loss" else grad_norm.item()
+            self.diverged(f"the {what} is {value} at step {self.step}")
+            return None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += s["gradient_accumulation_steps"] * B * T
+        return step_loss, grad_norm.item(), stop, lr
+
+
+def start_log(trainer, s):
+    """log.jsonl: a resumed run keeps the records before its step; a scratch run starts a new one."""
+    if trainer.procs.master:
+        records = read_log(trainer.log_path, trainer.step) if s["init_from"] == "resume" else []
+        with common.atomic_path(trainer.log_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def report_start(trainer, s):
+    procs, data, report = trainer.procs, trainer.data, trainer.model.param_report()
+    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
+    procs.log(f"data: {data.dir}, {data.meta['tokenizer']} tokens, vocab {data.meta['vocab_size']:,}, train "
+              f"{len(data.train):,}, val {len(data.val):,} tokens ({len(data.val_starts)} eval windows per split)")
+    procs.log(f"model: {s['embedding']}, parameters: input embedding {report['input_embedding']:,}, backbone "
+              f"{report['backbone']:,}, head {report['head']:,}, total {report['total']:,}")
+    procs.log(f"device {procs.device}, dtype {procs.dtype}, {procs.world} process(es), {tokens_per_step:,} tokens "
+              f"per step, " + (f"resuming at step {trainer.step}" if s["init_from"] == "resume"
+                               else f"writing {trainer.ckpt_path}"))
+    if s["init_from"] == "resume" and s["max_iters"] > s["lr_decay_iters"] > 0:
+        procs.log(f"note: the cosine decay ends at step {s['lr_decay_iters']} (lr_decay_iters, kept from the "
+                  f"checkpoint), then lr stays at min_lr; pass --lr_decay_iters to change the schedule")
+
+
+def train_loop(trainer, fast_model, train_model, stop_signal):
+    """Evaluate + save every eval_interval steps, step, print progress; returns the exit code."""
+    s, procs = trainer.s, trainer.procs
+    max_iters, eval_interval = s["max_iters"], s["eval_interval"]
+    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
+    t_log, steps_since_log, trainer.last_eval_s = time.time(), 0, 0.0
+    while True:
+        if trainer.step % eval_interval == 0 or trainer.step == max_iters:
+            if not trainer.evaluate_and_save(fast_model):
+                return 1
+            t_log = time.time()  # progress lines time the training steps only
+        if trainer.step >= max_iters:
+            return 0
+        result = trainer.train_step(train_model, stop_signal)
+        if result is None:
+            return 1
+        step_loss, grad_norm, stop, lr = result
+        steps_since_log += 1
+        if trainer.step % s["log_interval"] == 0 or stop:
+            step_s = (time.time() - t_log) / steps_since_log
+            evals_left = max_iters // eval_interval - trainer.step // eval_interval + (max_iters % eval_interval > 0)
+            eta = (max_iters - trainer.step) * step_s + evals_left * trainer.last_eval_s
+            procs.log(f"step {trainer.step}/{max_iters} | loss {step_loss:.4f} | lr {lr:.2e} | grad norm "
+                      f"{grad_norm:.3f} | {1000 * step_s:.0f} ms/step | {tokens_per_step / step_s:,.0f} tok/s | "
+                      f"ETA {format_seconds(eta)}")
+            t_log, steps_since_log = time.time(), 0
+        if stop:
+            trainer.save()
+            procs.log(f"stopped at step {trainer.step}; saved {trainer.ckpt_path}. Continue with: python train.py "
+                      f"--out_dir={s['out_dir']} --init_from=resume")
+            return 130
+
+
+def train(s, explicit):
+    ckpt = resolve_run(s, explicit)
+    procs = Processes(s)
+    data = Data(s)
+    if procs.master:
+        common.remove_stale_temps(s["out_dir"])  # half-written files of runs killed mid-save
+    trainer = Trainer(s, procs, data, ckpt)
+    del ckpt
+    # wrap: torch.compile, then DDP; trainer.model stays the plain module, for checkpoints and evaluation
+    if procs.ddp:
+        dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
+    fast_model = torch.compile(trainer.model) if s["compile"] else trainer.model
+    train_model = (DDP(fast_model, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None)
+                   if procs.ddp else fast_model)
+    start_log(trainer, s)
+    report_start(trainer, s)
 
     # Ctrl-C (SIGINT) or SIGTERM: finish the current step, save, stop. A second Ctrl-C stops at once.
     stop_signal = []
@@ -393,84 +585,12 @@ def train(s, explicit):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     previous_handlers = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    # -- the loop --
-    t_start = time.time()
-    t_log, steps_since_log, last_eval_s = time.time(), 0, 0.0
-    max_iters, eval_interval = s["max_iters"], s["eval_interval"]
     try:
-        while True:
-            if step % eval_interval == 0 or step == max_iters:
-                t_eval = time.time()
-                train_loss, val_loss = evaluate(train_data, train_starts), evaluate(val_data, val_starts)
-                last_eval_s = time.time() - t_eval
-                best_val_loss = min(best_val_loss, val_loss)
-                record = {"step": step, "tokens": tokens_seen, "train_loss": train_loss, "val_loss": val_loss,
-                          "lr": get_lr(step, s), "elapsed_s": round(elapsed_before + time.time() - t_start, 3),
-                          "embedding": s["embedding"]}
-                if master:
-                    with open(log_path, "a", encoding="utf-8") as f:
-                        f.write(json.dumps(record) + "\n")
-                save_checkpoint()
-                log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best {best_val_loss:.4f}), "
-                    f"eval {last_eval_s:.1f} s, saved {ckpt_path}")
-                t_log = time.time()  # progress lines time the training steps only
-            if step >= max_iters:
-                break
-
-            # one optimizer step over gradient_accumulation_steps * batch_size windows, drawn for all processes
-            # together so that the data order does not depend on how many processes share the work
-            lr = get_lr(step, s)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            starts = torch.randint(len(train_data) - T, (s["gradient_accumulation_steps"] * B,),
-                                   generator=data_generator).numpy()
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(local_accum):
-                first = (rank * local_accum + micro) * B
-                x, y = get_batch(train_data, starts[first:first + B], T, device)
-                if ddp:  # average gradients across processes only after the last micro-step
-                    train_model.require_backward_grad_sync = micro == local_accum - 1
-                with autocast:
-                    _, loss = train_model(x, y)
-                loss_sum += loss.detach()
-                scaler.scale(loss / local_accum).backward()
-            scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"] or float("inf"))
-            # one all-reduce: the step's mean loss, and whether any process was asked to stop
-            shared = torch.stack([loss_sum / local_accum, torch.tensor(float(bool(stop_signal)), device=device)])
-            if ddp:
-                dist.all_reduce(shared)
-            step_loss, stop = shared[0].item() / world, shared[1].item() > 0
-            if not math.isfinite(step_loss):
-                if master:
-                    print(f"error: the loss is {step_loss} at step {step}; stopping. {ckpt_path} keeps the last "
-                          f"good state; lower learning_rate, or use dtype=float32 or bfloat16", file=sys.stderr)
-                return 1
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += tokens_per_step
-            steps_since_log += 1
-
-            if step % s["log_interval"] == 0 or stop:
-                step_s = (time.time() - t_log) / steps_since_log
-                evals_left = max_iters // eval_interval - step // eval_interval + (max_iters % eval_interval > 0)
-                eta = (max_iters - step) * step_s + evals_left * last_eval_s
-                log(f"step {step}/{max_iters} | loss {step_loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.3f} | "
-                    f"{1000 * step_s:.0f} ms/step | {tokens_per_step / step_s:,.0f} tok/s | ETA {format_seconds(eta)}")
-                t_log, steps_since_log = time.time(), 0
-            if stop:
-                save_checkpoint()
-                log(f"stopped at step {step}; saved {ckpt_path}. Continue with: python train.py "
-                    f"--out_dir={s['out_dir']} --init_from=resume")
-                return 130
-        return 0
+        return train_loop(trainer, fast_model, train_model, stop_signal)
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
-        if ddp:
+        if procs.ddp:
             del train_model  # DDP uses the process group: release it first
             dist.destroy_process_group()
 
@@ -486,7 +606,7 @@ def main(argv=None):
         return train(settings, explicit)
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint (SettingsError is a ValueError)
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
+            print(f"train.py: error: {common.one_line(e)}", file=sys.stderr)
         return 2
 
 

@@ -4,7 +4,7 @@
 #   python train.py config/shakespeare_cpu.py --embedding=tied      # baseline: one shared table
 #   python train.py config/shakespeare_cpu.py --embedding=untied    # baseline: a table and a separate head
 # Every arm draws the same batches and is validated on the same tokens. LEV keeps leviathan.Config's (the
-# paper's) settings: n_digits=3, d_seed=128, n_lev_heads=8, n_knots=16, lev_rank=64.
+# paper's) settings: lev_digits=3, lev_seed_dim=128, lev_heads=8, lev_knots=16, lev_rank=64.
 
 dataset = "shakespeare"
 out_dir = "out-shakespeare-cpu-{embedding}"

@@ -28,6 +28,16 @@ def make_text(n_lines=400, seed=0):
                    for _ in range(n_lines))
 
 
+def lev_param_count(vocab_size, n_embd, lev_digits=3, lev_seed_dim=128, lev_heads=8, lev_knots=16, lev_rank=64):
+    """LEV's size by the paper's formula, k*b*d_seed + h*(d_seed^2 + 2*d_seed + d_seed*kappa*r + r*n_embd):
+    codebooks, then per head the seed map, its LayerNorm, the spline coefficients and the output map."""
+    from leviathan import digit_base
+
+    d, r = lev_seed_dim, lev_rank
+    per_head = d * d + 2 * d + d * lev_knots * r + r * n_embd
+    return lev_digits * digit_base(vocab_size, lev_digits) * d + lev_heads * per_head
+
+
 def make_tiny_encoding():
     """A byte-level tiktoken encoding (256 ids) built in-process: registered nowhere, needs no download."""
     return tiktoken.Encoding(name="tiny", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",

@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import leviathan  # noqa: E402
-from leviathan import LEV  # noqa: E402
+from leviathan import LEV, Config  # noqa: E402
 
 # inductor's CPU backend compiles C++; without a compiler LEV warns and runs eagerly (tested below with a stand-in)
 needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
@@ -37,13 +37,15 @@ def compiling(monkeypatch):
     torch.compiler.reset()
 
 
-def make_lev(dtype, compile=True):
+def make_lev(dtype, compile=True, normalize=True):
     torch.manual_seed(0)
     # d_seed=24: groups of 8 factors; chunk=16 with 37 distinct ids: full chunks and a remainder of 5
-    lev = LEV(300, 12, n_digits=3, d_seed=24, n_lev_heads=2, n_knots=8, lev_rank=4, lev_chunk=16,
-              lev_compile=compile)
+    lev = LEV(Config(vocab_size=300, n_embd=12, n_head=1, lev_digits=3, lev_seed_dim=24, lev_heads=2, lev_knots=8,
+                     lev_rank=4, lev_normalize_basis=normalize))
+    lev.chunk, lev.compile_kernels = 16, compile
     with torch.no_grad():
         lev.spline.add_(0.3 * torch.randn_like(lev.spline))  # away from the init, so that every knot matters
+        lev.ln_weight.mul_(4.0)  # many coordinates near the ends of [0, 1], where normalising the basis matters
     return lev.to(dtype)
 
 
@@ -63,13 +65,13 @@ IDS = torch.randint(0, 300, (2, 30), generator=torch.Generator().manual_seed(2))
 
 
 @needs_compiler
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_compiled_kernels_equal_eager_and_reference(dtype):
+@pytest.mark.parametrize("dtype, normalize", [(torch.float64, True), (torch.float32, True), (torch.float64, False)])
+def test_compiled_kernels_equal_eager_and_reference(dtype, normalize):
     """Values and the gradient of every parameter. float64 shows the algebra is the same; float32 is what
     training runs, where the compiled kernels add up in another order: compared tensor by tensor, relative to
     each tensor's norm (single elements that are sums of cancelling terms lose more digits)."""
     assert IDS.unique().numel() > 16 and IDS.unique().numel() % 16  # full chunks and a remainder: two shapes
-    lev, eager = make_lev(dtype), make_lev(dtype, compile=False)
+    lev, eager = make_lev(dtype, normalize=normalize), make_lev(dtype, compile=False, normalize=normalize)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = values_and_grads(lev, lev, IDS)
@@ -86,13 +88,17 @@ def test_compiled_kernels_equal_eager_and_reference(dtype):
                 assert (got - expected).norm() <= 1e-5 * expected.norm()
 
 
-def test_a_failed_compile_warns_once_and_runs_eagerly(monkeypatch):
-    def broken_compile(fn):
-        def run(*args):
-            raise RuntimeError("no C++ compiler found\nmore details")
-        return run
+def with_compiled_kernels(run):
+    """Stand in `run` for both compiled kernels (the compiled-kernel cache is LEV's own, emptied per test)."""
+    for kernel in (leviathan.log_mode_chunk, leviathan.log_mode_chunk_backward):
+        leviathan._compiled_kernels[kernel] = run
 
-    monkeypatch.setattr(torch, "compile", broken_compile)
+
+def test_a_failed_compile_warns_once_and_runs_eagerly():
+    def compile_fails(*args):
+        raise RuntimeError("no C++ compiler found\nmore details")
+
+    with_compiled_kernels(compile_fails)
     lev, eager = make_lev(torch.float64), make_lev(torch.float64, compile=False)
     with pytest.warns(UserWarning, match=r"torch.compile of its kernels failed on cpu \(RuntimeError: no C\+\+ "
                                          r"compiler found\); they run eagerly") as caught:
@@ -115,13 +121,11 @@ def test_a_genuine_error_is_raised_not_blamed_on_compile(monkeypatch):
     assert not lev_warnings(caught) and not leviathan._compile_failures
 
 
-def test_out_of_memory_is_raised_not_blamed_on_compile(monkeypatch):
-    def compile_then_run_out_of_memory(fn):
-        def run(*args):
-            raise torch.OutOfMemoryError("out of memory")
-        return run
+def test_out_of_memory_is_raised_not_blamed_on_compile():
+    def run_out_of_memory(*args):
+        raise torch.OutOfMemoryError("out of memory")
 
-    monkeypatch.setattr(torch, "compile", compile_then_run_out_of_memory)
+    with_compiled_kernels(run_out_of_memory)
     lev = make_lev(torch.float64)
     with pytest.raises(torch.OutOfMemoryError):
         values_and_grads(lev, lev, IDS)

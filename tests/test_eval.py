@@ -16,7 +16,8 @@ import tiktoken
 import torch
 
 import eval as ev
-from leviathan import CHECKPOINT_VERSION, GPT, Config
+from common import CHECKPOINT_VERSION
+from leviathan import GPT, Config
 from prepare_data import CharTokenizer, TiktokenTokenizer, eval_windows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def make_run(path, meta, embedding, seed=0, log=None):
     """A tiny untrained checkpoint in the train.py format, and optionally a log.jsonl of (tokens, val_loss)."""
     torch.manual_seed(seed)
     config = Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=1, n_head=2, n_embd=32,
-                    embedding=embedding, d_seed=16, n_lev_heads=2, lev_rank=8)
+                    embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)
     model = GPT(config)
     os.makedirs(path, exist_ok=True)
     torch.save({"version": CHECKPOINT_VERSION, "model": model.state_dict(), "model_config": asdict(config),

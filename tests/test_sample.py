@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import common
 import leviathan
 import prepare_data
 import sample
@@ -23,11 +24,11 @@ BPE_META = {"dataset": "tiny", "tokenizer": "tiny", "vocab_size": 256, "dtype": 
 BLOCK = 24
 
 
-def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev", version=leviathan.CHECKPOINT_VERSION):
+def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev", version=common.CHECKPOINT_VERSION):
     """Write out_dir/ckpt.pt for a tiny random model, as train.py would; return the model."""
     torch.manual_seed(0)
     config = leviathan.Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=2, n_head=2, n_embd=32,
-                              embedding=embedding, d_seed=16, n_lev_heads=2, lev_rank=8)
+                              embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)
     model = leviathan.GPT(config).eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.save({"version": version, "model": model.state_dict(), "model_config": dataclasses.asdict(config),
@@ -95,7 +96,7 @@ def test_no_kv_cache_feeds_the_whole_context_at_every_step(char_ckpt, capsys, mo
     fed = []
     forward = leviathan.GPT.forward
     monkeypatch.setattr(leviathan.GPT, "forward", lambda self, idx, targets=None, cache=None: fed.append(
-        (idx.shape[1], cache is not None)) or forward(self, idx, targets, cache))
+        (idx.shape[1], cache is not None and cache.kv is not None)) or forward(self, idx, targets, cache=cache))
     flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=5"]
     run(char_ckpt, *flags)
     assert fed == [(2, True)] + [(1, True)] * 4  # the prompt, then only the newest token
@@ -172,7 +173,7 @@ def test_prompt_from_file(char_ckpt, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--temperature=-0.5"], "--temperature=-0.5 must be >= 0"),
+    (["--temperature=-0.5"], "--temperature=-0.5 must be a finite number >= 0"),
     (["--top_k=0"], "--top_k=0 must be >= 1"),
     (["--top_p=0"], "--top_p=0.0 must be in (0, 1]"),
     (["--top_p=1.5"], "--top_p=1.5 must be in (0, 1]"),

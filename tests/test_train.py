@@ -13,11 +13,12 @@ import pytest
 import torch
 from conftest import ROOT
 
+import common
 import leviathan
 import train
 
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--d_seed=16", "--n_lev_heads=2",
-        "--lev_rank=8", "--n_knots=6", "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16", "--lev_heads=2",
+        "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
         "--device=cpu"]
 
 
@@ -62,11 +63,11 @@ def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
     assert records[0]["lr"] > 0 and records[0]["embedding"] == "lev"
     assert records[-1]["val_loss"] < records[0]["val_loss"]
 
-    model, ckpt = leviathan.load_checkpoint(str(out))  # loads with weights_only=True
+    model, ckpt = common.load_checkpoint(str(out))  # loads with weights_only=True
     assert ckpt["step"] == 4 and ckpt["tokens_seen"] == 4 * 4 * 16
     assert ckpt["meta"]["tokenizer"] == "tiny" and ckpt["model_config"]["vocab_size"] == 256
     assert ckpt["best_val_loss"] == min(r["val_loss"] for r in records)
-    assert ckpt["train_config"]["max_iters"] == 4 and ckpt["train_config"]["n_lev_heads"] == 2
+    assert ckpt["train_config"]["max_iters"] == 4 and ckpt["train_config"]["lev_heads"] == 2
     assert set(ckpt["rng"]) == {"data", "torch"} and ckpt["optimizer"]["state"]
     logits, _ = model(torch.tensor([[1, 2, 3]]))
     assert logits.shape == (1, 1, 256)
@@ -85,12 +86,12 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
     forward = leviathan.GPT.forward
     training_calls = []
 
-    def interrupt_during_the_third_step(self, idx, targets=None, cache=None):
+    def interrupt_during_the_third_step(self, *args, **kwargs):
         if self.training:
             training_calls.append(1)
             if len(training_calls) == 3:
                 os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the step finishes, then the run saves and stops
-        return forward(self, idx, targets, cache)
+        return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(leviathan.GPT, "forward", interrupt_during_the_third_step)
     code, out, _ = run_train(capsys, char_data, tmp_path / "ctrl_c", *run)
@@ -109,14 +110,34 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
         assert all(torch.equal(final[k], resumed[k]) for k in final), other
 
 
-def test_resume_a_checkpoint_older_than_a_model_setting(tmp_path, char_data, capsys):
-    """A checkpoint written before a Config field existed (here lev_compile) resumes with that field's default."""
+def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsys):
+    """A checkpoint written before a run setting existed (here lev_chunk) resumes with that setting's default."""
     assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
     path = tmp_path / "old" / "ckpt.pt"
-    ckpt = torch.load(path, weights_only=False)
-    del ckpt["model_config"]["lev_compile"], ckpt["train_config"]["lev_compile"]
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["train_config"]["lev_chunk"]
     torch.save(ckpt, path)
     code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--max_iters=4")
+    assert code == 0 and "resuming at step 2" in out, err
+
+
+def test_a_version_1_checkpoint_resumes_with_the_same_function(tmp_path, char_data, capsys):
+    """Version 1 (old setting names, `head`, lev_chunk/lev_compile in the model config, the plain basis) migrates
+    on load: same weights, the plain basis kept, and training continues."""
+    assert run_train(capsys, char_data, tmp_path / "v1", "--max_iters=2", "--eval_interval=2",
+                     "--lev_normalize_basis=False")[0] == 0
+    path = tmp_path / "v1" / "ckpt.pt"
+    v2 = torch.load(path, weights_only=True)
+    old_names = {new: old for old, new in common.V1_RENAMES.items()}
+    v1 = dict(v2, version=1, model={("head.weight" if k == "lm_head.weight" else k): t for k, t in v2["model"].items()})
+    v1["model_config"] = {old_names.get(k, k): v for k, v in v2["model_config"].items() if k != "lev_normalize_basis"}
+    v1["model_config"].update(lev_chunk=64, lev_compile=True)
+    v1["train_config"] = {old_names.get(k, k): v for k, v in v2["train_config"].items() if k != "lev_normalize_basis"}
+    torch.save(v1, path)
+    model, ckpt = common.load_checkpoint(path)
+    assert ckpt["model_config"]["lev_normalize_basis"] is False and ckpt["model_config"]["lev_heads"] == 2
+    assert all(torch.equal(model.state_dict()[k], t) for k, t in v2["model"].items())
+    code, out, err = run_train(capsys, char_data, tmp_path / "v1", "--init_from=resume", "--max_iters=4")
     assert code == 0 and "resuming at step 2" in out, err
 
 
@@ -163,8 +184,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, c
     forward = leviathan.GPT.forward
     training_calls = []
 
-    def nan_at_the_fourth_step(self, idx, targets=None, cache=None):
-        logits, loss = forward(self, idx, targets, cache)
+    def nan_at_the_fourth_step(self, *args, **kwargs):
+        logits, loss = forward(self, *args, **kwargs)
         if self.training:
             training_calls.append(1)
             if len(training_calls) == 4:
@@ -181,10 +202,11 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, c
 def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, capsys):
     out = tmp_path / "out"
     assert run_train(capsys, char_data, out, "--max_iters=0")[0] == 0  # a checkpoint of the char vocabulary
+    fresh = f"--out_dir={tmp_path / 'fresh'}"  # where a scratch run finds no run to refuse to replace
     (tmp_path / "exec.py").write_text("import os\n")
     (tmp_path / "typo.py").write_text("# a comment\nn_layer = 2\nlearnig_rate = 1e-3\n")
     cases = [
-        (["--dataset=nope"], "python prepare_data.py nope --input="),  # which command prepares it
+        (["--dataset=nope", fresh], "python prepare_data.py nope --input="),  # which command prepares it
         (["--n_layers=2"], "did you mean n_layer?"),
         (["--n_layer=two"], "n_layer='two' must be an integer"),
         (["--learning_rate=True"], "must be a number"),
@@ -202,7 +224,7 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
     for args, message in cases:
         code, _, err = run_train(capsys, char_data, out, *args)
         assert code == 2, args
-        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (args, err)
+        assert err.startswith("train.py: error: ") and err.count("\n") == 1 and message in err, (args, err)
 
 
 def test_settings_files_then_flags_and_the_shipped_configs():
@@ -210,7 +232,7 @@ def test_settings_files_then_flags_and_the_shipped_configs():
                                       "--compile", "--learning_rate=3e-4"])
     assert (cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"]) == (4, 4, 128, 128, 16)
     assert (cpu["embedding"], cpu["compile"], cpu["learning_rate"], cpu["eval_iters"]) == ("tied", True, 3e-4, 0)
-    assert cpu["d_seed"] == leviathan.Config.d_seed and "d_seed" not in explicit  # LEV defaults: leviathan.Config
+    assert cpu["lev_seed_dim"] == leviathan.Config.lev_seed_dim and "lev_seed_dim" not in explicit  # from Config
     train.check_settings(cpu)
     gpu, _ = train.parse_args([os.path.join(ROOT, "config", "shakespeare_gpu.py")])
     assert (gpu["n_layer"], gpu["n_head"], gpu["n_embd"], gpu["block_size"]) == (6, 6, 384, 256)
