@@ -105,12 +105,13 @@ def read_jsonl(path):
 
 
 def field(record, key, kind, where):
-    """record[key], checked to be of type kind (str, list or dict)."""
+    """record[key], checked to be of type kind (a type, or a tuple of types)."""
     if key not in record:
         raise TaskError(f"{where}: missing field {key!r}")
     value = record[key]
     if not isinstance(value, kind):
-        raise TaskError(f"{where}: field {key!r} must be a {kind.__name__}, not {type(value).__name__}")
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise TaskError(f"{where}: field {key!r} must be a {kinds}, not {type(value).__name__}")
     return value
 
 

@@ -130,6 +130,8 @@ MALFORMED = [  # (task, file name, lines, message after the file name)
     ("arc", "c.jsonl", ['{"question": {"stem": "q", "choices": [{"text": "a", "label": "A"}]}, "answerKey": "B"}'],
      ":1: answerKey 'B' is not one of the choice labels A"),
     ("arc", "c.jsonl", ['{"question": "q", "answerKey": "B"}'], ":1: field 'question' must be a dict"),
+    ("arc", "c.jsonl", ['{"question": {"stem": "q", "choices": [{"text": "a", "label": null}]}, "answerKey": "A"}'],
+     ":1: field 'label' must be a str or int, not NoneType"),
     ("winogrande", "w.jsonl", ['{"sentence": "no blank", "option1": "a", "option2": "b", "answer": "1"}'],
      ":1: the sentence has no '_'"),
     ("winogrande", "w.jsonl", ['{"sentence": "a _ b", "option1": "a", "option2": "b", "answer": "3"}'],
