@@ -86,12 +86,20 @@ def read_jsonl(path):
     line is not a JSON object."""
     if not os.path.isfile(path):
         raise TaskError(f"{path}: no such file")
+    try:
+        f = open(path, "rb")  # decoded line by line, so that bad bytes are reported with their line
+    except OSError as e:
+        raise TaskError(f"{path}: cannot be read ({e.strerror})") from None
     found = False
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with f:
+        for n, raw in enumerate(f, 1):
+            where = f"{path}:{n}"
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a byte-order mark is no error
+            except UnicodeDecodeError:
+                raise TaskError(f"{where}: not UTF-8 text") from None
             if not line.strip():
                 continue
-            where = f"{path}:{n}"
             try:
                 record = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
@@ -201,7 +209,7 @@ def piqa_labels(path):
 
 def load_piqa(path):
     labels = piqa_labels(path)
-    i = -1
+    used = 0  # labels taken from the labels file
     for i, (where, record) in enumerate(read_jsonl(path)):
         if "label" in record:
             label_where, label = where, record["label"]
@@ -210,12 +218,12 @@ def load_piqa(path):
         elif i >= len(labels):
             raise TaskError(f"{where}: the labels file has only {len(labels)} labels")
         else:
-            label_where, label = labels[i]
+            (label_where, label), used = labels[i], i + 1
         sols = [field(record, "sol1", str, where), field(record, "sol2", str, where)]
         context = f"Question: {field(record, 'goal', str, where)}\nAnswer:"
         yield multiple_choice(context, sols, label_index(label, 2, label_where), where)
-    if labels is not None and len(labels) > i + 1:
-        raise TaskError(f"{labels[i + 1][0]}: {len(labels)} labels for {i + 1} examples in {path}")
+    if used and len(labels) > used:
+        raise TaskError(f"{labels[used][0]}: {len(labels)} labels for {used} examples in {path}")
 
 
 # ----------------------------------------------------------------------------------------------------------

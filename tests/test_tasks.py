@@ -150,6 +150,15 @@ def test_malformed_files_are_one_line_errors(tmp_path, name, file, lines, messag
     assert str(err.value).startswith(path + message) and "\n" not in str(err.value)
 
 
+def test_bytes_that_are_not_utf8_and_byte_order_marks(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"context": "a", "choices": [" b"], "label": 0}\n')  # a BOM: read as usual
+    assert load("mc", path)[0].pairs == [("a", " b")]
+    path.write_bytes(b'{"context": "a", "choices": [" b"], "label": 0}\n{"context": "\xff"}\n')
+    with pytest.raises(tasks.TaskError, match=f"^{path}:2: not UTF-8 text$"):
+        load("mc", path)
+
+
 def test_piqa_labels_file_errors(tmp_path):
     path = write_jsonl(tmp_path / "valid.jsonl", [{"goal": "g", "sol1": "a", "sol2": "b"}] * 2)
     labels = tmp_path / "valid-labels.lst"
@@ -160,6 +169,9 @@ def test_piqa_labels_file_errors(tmp_path):
         labels.write_text(content)
         with pytest.raises(tasks.TaskError, match=f"^{message}"):
             load("piqa", path)
+    # labels in the lines: the labels file is not used, whatever its length
+    path = write_jsonl(tmp_path / "valid.jsonl", [{"goal": "g", "sol1": "a", "sol2": "b", "label": 1}] * 2)
+    assert [e.label for e in load("piqa", path)] == [1, 1]
 
 
 def test_task_specs():
