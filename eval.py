@@ -3,7 +3,8 @@ Compare trained checkpoints the way the paper does: Leviathan against the tied b
 
     python eval.py out-tied out-lev [out-untied ...] [--plot=compare.png] [--json=compare.json]
 
-The first DIR is the baseline every other arm is compared with. Four measurements, one table each:
+The first DIR is the baseline every other arm is compared with. Four measurements (five with --task), one table
+each:
 
   1. Validation loss and perplexity on the *whole* validation split: non-overlapping windows of block_size
      (prepare_data.eval_windows, no subsampling), every target scored once, in fp32, so the numbers are

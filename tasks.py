@@ -54,7 +54,8 @@ task formats (--task=NAME:PATH; one JSON object per line, blank lines ignored):
               context is the sentence up to "_" with an option in its place, the continuation the rest
               after "_", scored alike for both options (acc only, as in the harness)
   mc          your own task: {"context": str, "choices": [str, ...], "label": int}; each choice is the
-              continuation as written (put the space in front of it, or at the end of the context)"""
+              continuation as written (put the space in front of it, or at the end of the context: the
+              same tokens and scores either way)"""
 
 TASKS = ("lambada", "hellaswag", "piqa", "arc", "winogrande", "mc")
 
@@ -146,9 +147,10 @@ def label_index(value, n_choices, where, key="label", first=0):
     return value - first
 
 
-def multiple_choice(context, choices, label, where, space=" "):
-    """One context, one continuation per choice (space + choice); acc_norm counts the choice's characters."""
-    return Example([(context, space + c) for c in choices], label, [len(c) for c in choices], where)
+def multiple_choice(context, choices, label, where):
+    """One context, one continuation per choice, " " + choice; acc_norm counts the choice's characters (the
+    harness's len(choice): without the space it puts in front)."""
+    return Example([(context, " " + c) for c in choices], label, [len(c) for c in choices], where)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -271,7 +273,9 @@ def load_mc(path):
     for where, record in read_jsonl(path):
         choices = strings(record, "choices", where)
         label = label_index(record.get("label"), len(choices), where)
-        yield multiple_choice(field(record, "context", str, where), choices, label, where, space="")
+        context = field(record, "context", str, where)
+        # the choice as written; acc_norm does not count leading whitespace, wherever the space was put
+        yield Example([(context, c) for c in choices], label, [len(c.lstrip()) for c in choices], where)
 
 
 LOADERS = {"lambada": load_lambada, "hellaswag": load_hellaswag, "piqa": load_piqa, "arc": load_arc,

@@ -109,7 +109,13 @@ def test_winogrande_loader_partial_evaluation(tmp_path):
 def test_mc_loader(tmp_path):
     path = write_jsonl(tmp_path / "mine.jsonl", [{"context": "2 + 2 =", "choices": [" 4", " five"], "label": 0}])
     [example] = load("mc", path)
-    assert example.pairs == [("2 + 2 =", " 4"), ("2 + 2 =", " five")] and example.lengths == [2, 5]
+    assert example.pairs == [("2 + 2 =", " 4"), ("2 + 2 =", " five")] and example.lengths == [1, 4]
+    # the space at the end of the context instead: the same tokens and lengths
+    path = write_jsonl(tmp_path / "mine2.jsonl", [{"context": "2 + 2 = ", "choices": ["4", "five"], "label": 0}])
+    [other] = load("mc", path)
+    tok = CharTokenizer(" +24=efiv")
+    assert [tasks.encode_pair(tok, *p) for p in other.pairs] == [tasks.encode_pair(tok, *p) for p in example.pairs]
+    assert other.lengths == example.lengths
 
 
 MALFORMED = [  # (task, file name, lines, message after the file name)
@@ -290,7 +296,7 @@ def test_acc_and_acc_norm_differ_when_lengths_differ(tmp_path):
     [result] = tasks.score_tasks(model, tasks.load_tasks([("mc", path)], tok, 0, 16), 4, "cpu")
     assert result["n"] == 2 and result["acc"] == 0.5 and result["acc_norm"] == 0.5
     ll = [bigram_loglik(table, tok.encode(s)) for s in ("x a", "x aaaa")]
-    assert ll[0] > ll[1] and ll[0] / 2 < ll[1] / 5  # the premise: acc and acc_norm disagree on each example
+    assert ll[0] > ll[1] and ll[0] / 1 < ll[1] / 4  # the premise: acc and acc_norm disagree on each example
     assert result["acc_ci95"] == pytest.approx(1.96 * math.sqrt(0.25 / 2)) and result["ppl"] is None
     # on the first example alone acc is 0 and acc_norm is 1; on the second, the other way round
     path = write_jsonl(tmp_path / "one.jsonl", [{"context": "x", "choices": [" a", " aaaa"], "label": 1}])
