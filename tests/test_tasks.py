@@ -430,7 +430,6 @@ def test_end_to_end_every_format(world, run_cli, monkeypatch):
     code, out, err = run_cli(ev.main, ["out-tied", "out-lev", "--device=cpu", "--lambada_max=0",
                                        "--json=res/compare.json", *task_flags(world), *plot])
     assert code == 0, err
-    print(out[out.index("## Zero-shot"):])  # the table, for pytest -s
     assert "| task | arm | n | acc | acc_norm | word ppl |" in out
     assert "| lambada | tied | 2 | 1.000 ± 0.000 | - | " in out
     for name in ("hellaswag", "piqa", "arc"):
