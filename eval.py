@@ -3,7 +3,8 @@ Compare trained checkpoints the way the paper does: Leviathan against the tied b
 
     python eval.py out-tied out-lev [out-untied ...] [--plot=compare.png] [--json=compare.json]
 
-The first DIR is the baseline every other arm is compared with. Four measurements, one table each:
+The first DIR is the baseline every other arm is compared with. Four measurements (five with --task), one table
+each:
 
   1. Validation loss and perplexity on the *whole* validation split: non-overlapping windows of block_size
      (prepare_data.eval_windows, no subsampling), every target scored once, in fp32, so the numbers are
@@ -15,6 +16,9 @@ The first DIR is the baseline every other arm is compared with. Four measurement
      ("never reached" if it did not), and the ratio of the baseline's tokens to reach it (same rule) to the
      arm's (the paper's "2.1x fewer tokens").
   4. LAMBADA-style last-word prediction on the validation text (the exact rule is at the end of --help).
+  5. With --task=NAME:PATH (repeatable): zero-shot tasks from local files (LAMBADA, HellaSwag, PIQA, ARC,
+     WinoGrande, or your own multiple choice), scored as lm-evaluation-harness does, in one table with n
+     and 95% intervals (tasks.py; the formats are at the end of --help).
 
 All checkpoints must come from one dataset and tokenizer; it is read from DATA_DIR/<dataset>, with --data_dir
 (default: data, relative to the working directory) meaning what it means to train.py.
@@ -31,6 +35,7 @@ import numpy as np
 import torch
 
 import common
+import tasks
 from common import atomic_path, load_checkpoint
 from prepare_data import eval_windows, get_tokenizer, load_meta, load_split
 
@@ -377,7 +382,7 @@ def labels(dirs, embeddings):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.strip(), epilog=LAMBADA_RULE,
+    p = argparse.ArgumentParser(description=__doc__.strip(), epilog=LAMBADA_RULE + "\n\n" + tasks.TASK_FORMATS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="+", metavar="DIR", help="checkpoint dirs (ckpt.pt, and log.jsonl for token "
                    "efficiency); the first is the baseline")
@@ -390,6 +395,10 @@ def parse_args(argv):
                    "(default: 16)")
     p.add_argument("--lambada_max", type=int, default=500, help="at most this many last-word passages (default: "
                    "500); 0 skips the task")
+    p.add_argument("--task", action="append", default=[], metavar="NAME:PATH", help="a zero-shot task to "
+                   f"score every run on, from a local file; NAME: {', '.join(tasks.TASKS)} (repeatable)")
+    p.add_argument("--task_max", type=int, default=0, help="at most this many examples per task, evenly spaced "
+                   "(default: 0, all)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="write val-loss curves and per-bucket "
                    "perplexity bars (needs matplotlib)")
     p.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
@@ -398,6 +407,12 @@ def parse_args(argv):
         fail(f"--batch_size={args.batch_size} must be at least 1")
     if args.lambada_max < 0:
         fail(f"--lambada_max={args.lambada_max} must be >= 0 (0 skips the last-word task)")
+    if args.task_max < 0:
+        fail(f"--task_max={args.task_max} must be >= 0 (0: every example)")
+    try:
+        args.task = [tasks.parse_spec(spec) for spec in args.task]
+    except ValueError as e:
+        fail(str(e))
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -446,14 +461,21 @@ def main(argv=None):
              f"trained on {want[0]!r} (tokenizer {want[1]}, vocab {want[2]}); prepare it again or fix --data_dir")
 
     counts = train_counts(train, meta["vocab_size"])
-    passages = []
-    if args.lambada_max:
+    passages, task_sets = [], []
+    if args.lambada_max or args.task:
         try:
             tokenizer = get_tokenizer(meta)
         except Exception as e:  # a tiktoken file that cannot be fetched offline, an unknown encoding, ...
             fail(f"cannot build the tokenizer {meta.get('tokenizer')!r} of {data_dir} for the last-word task "
-                 f"({type(e).__name__}: {e}); or skip that task with --lambada_max=0")
+                 f"and --task ({type(e).__name__}: {e}); or skip them with --lambada_max=0 and no --task")
+    if args.lambada_max:
         passages = lambada_passages(tokenizer.decode(np.asarray(val).tolist()), tokenizer, args.lambada_max)
+    if args.task:
+        try:  # before any arm is evaluated, so that a bad file costs no time
+            task_sets = tasks.load_tasks(args.task, tokenizer, args.task_max,
+                                         min(model.config.block_size for _, model, _ in arms))
+        except ValueError as e:
+            fail(str(e))
     curves = []
     for d, _, _ in arms:
         try:
@@ -481,17 +503,25 @@ def main(argv=None):
                                                                   "fewer_tokens": None},
             "lambada": lambada_eval(model, passages, args.batch_size, device) if args.lambada_max else None,
             "curve": curves[i],
+            "tasks": tasks.score_tasks(model, task_sets, args.batch_size, device),
         })
         print(f"evaluated {d}: val loss {val_loss:.4f}", file=sys.stderr)  # progress, while the tables wait
 
     print(report(results, target_loss, data_dir))
+    if task_sets:
+        print("\n" + tasks.report(task_sets, [(r["label"], r["tasks"]) for r in results]))
     if args.json:
         write_json({"data_dir": data_dir, "dataset": want[0], "tokenizer": want[1], "buckets": list(BUCKETS),
-                    "baseline": names[0], "baseline_final_val_loss": target_loss, "arms": results}, args.json)
+                    "baseline": names[0], "baseline_final_val_loss": target_loss, "tasks": tasks.summary(task_sets),
+                    "arms": results}, args.json)
         print(f"\nwrote {args.json}")
     if args.plot:
         plot(results, target_loss, args.plot)
         print(f"wrote {args.plot}")
+        if task_sets:  # a figure of its own, beside the first: FILE_tasks.png
+            task_plot = "{}_tasks{}".format(*os.path.splitext(args.plot))
+            tasks.plot(task_sets, [(r["label"], r["tasks"]) for r in results], task_plot)
+            print(f"wrote {task_plot}")
 
 
 if __name__ == "__main__":
