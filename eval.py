@@ -502,12 +502,16 @@ def main(argv=None):
             "token_efficiency": efficiency[i] if efficiency else {"final_val_loss": None, "tokens_to_reach": None,
                                                                   "fewer_tokens": None},
             "lambada": lambada_eval(model, passages, args.batch_size, device) if args.lambada_max else None,
-            "curve": curves[i],
+            "curve": curves[i], "origin": ckpt.get("origin"),
             "tasks": tasks.score_tasks(model, task_sets, args.batch_size, device),
         })
         print(f"evaluated {d}: val loss {val_loss:.4f}", file=sys.stderr)  # progress, while the tables wait
 
     print(report(results, target_loss, data_dir))
+    for r in results:
+        if r["origin"]:
+            print(f"\n{r['label']} was fine-tuned from {r['origin']['checkpoint']} (step {r['origin']['step']}, "
+                  f"dataset {r['origin']['dataset']})")
     if task_sets:
         print("\n" + tasks.report(task_sets, [(r["label"], r["tasks"]) for r in results]))
     if args.json:

@@ -5,10 +5,14 @@ Train a Leviathan, or one of its baselines, on a dataset prepared by prepare_dat
     python train.py config/shakespeare_cpu.py                        # Leviathan (LEV input embedding), on CPU
     python train.py config/shakespeare_cpu.py --embedding=tied       # the baseline: same data, same val tokens
     python train.py config/shakespeare_cpu.py --init_from=resume     # continue out_dir/ckpt.pt
+    python train.py --init_from=out-a-lev --dataset=b --out_dir=out-b-lev   # fine-tune a trained model on data b
     torchrun --standalone --nproc_per_node=8 train.py config/shakespeare_gpu.py     # DDP, one process per GPU
 
 Settings: the defaults below, then config files (plain `key = value` lines, in the order given), then --key=value
 flags. With --init_from=resume the checkpoint's settings replace the defaults, and files and flags still apply.
+With --init_from=PATH (a checkpoint, or a run directory holding ckpt.pt) a new run starts from that model's
+weights and architecture, with a fresh optimizer and schedule, on any dataset of the same tokenizer; --freeze
+keeps parts of it fixed, to study what transfers.
 
 Fair comparisons: every arm with the same seed draws the same training batches (the data order has its own
 generator, independent of the model's initialization), and validation always uses the same fixed windows of the
@@ -51,7 +55,10 @@ SETTINGS = {
     "dataset": ("shakespeare", "a dataset folder under data_dir, made by prepare_data.py"),
     "data_dir": ("data", "folder that holds the datasets"),
     "out_dir": ("out-{dataset}-{embedding}", "where ckpt.pt and log.jsonl go; {name} is replaced by that setting"),
-    "init_from": ("scratch", "scratch (a new model) or resume (continue out_dir/ckpt.pt)"),
+    "init_from": ("scratch", "scratch (a new model), resume (continue out_dir/ckpt.pt), or PATH: fine-tune the "
+                             "model of a checkpoint file or run directory (fresh optimizer, schedule, data order)"),
+    "freeze": ("", "fine-tuning: parts kept fixed, comma-separated among embedding (LEV or the input table), "
+                   "backbone, head; the tied arm's table is both embedding and head"),
     "overwrite": (False, "let a scratch run replace the ckpt.pt and log.jsonl of a run already in out_dir"),
     **MODEL,
     # LEV's fast path: settings of the run, not of the model (they change speed and memory, not results)
@@ -81,7 +88,8 @@ SETTINGS = {
     "compile": (False, "torch.compile the model"),
     "seed": (1337, "seed of the model's initialization and, separately, of the data order"),
 }
-CHOICES = {"init_from": ("scratch", "resume"), "embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
+PARTS = ("embedding", "backbone", "head")  # what --freeze can name
+CHOICES = {"embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
            "dtype": ("auto", "float32", "bfloat16", "float16")}
 DATA_SEED_OFFSET = 1_000_003  # the data generator's seed is seed + this: a stream apart from the model init's
 
@@ -185,6 +193,9 @@ def check_settings(s):
                                             f"{s['learning_rate']} (the decay goes down to min_lr)")
     need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
     need(0 <= s["seed"] < 2 ** 63 - DATA_SEED_OFFSET - 1024, f"seed={s['seed']} must be in [0, 2^63 - 2^21)")
+    bad_parts = set(filter(None, s["freeze"].split(","))) - set(PARTS)
+    need(not bad_parts, f"freeze={s['freeze']!r}: choose among {', '.join(PARTS)} (comma-separated)")
+    need(s["init_from"] != "", "init_from is empty; use scratch, resume, or the path of a checkpoint to fine-tune")
     need(os.path.basename(s["dataset"]) == s["dataset"] and s["dataset"] not in ("", ".", ".."),
          f"dataset={s['dataset']!r} must be a folder name under data_dir (use --data_dir for another folder)")
     try:
@@ -246,6 +257,10 @@ def same_tokens(meta_a, meta_b):
     return all(meta_a.get(k) == meta_b.get(k) for k in ("tokenizer", "vocab_size", "chars"))
 
 
+def describe_tokens(meta):
+    return f"{meta.get('tokenizer')} tokens (vocab_size {meta.get('vocab_size')})"
+
+
 def all_finite(model):
     return all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -264,13 +279,13 @@ def resolve_run(s, explicit):
                             f"({type(e).__name__}: {e})") from None
     common.check_output_dir(s["out_dir"], "out_dir")
     ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
-    if s["init_from"] == "scratch":
+    if s["init_from"] != "resume":  # a new run: from scratch, or fine-tuning a checkpoint
         held = [name for name in ("ckpt.pt", "log.jsonl") if os.path.exists(os.path.join(s["out_dir"], name))]
         if held and not s["overwrite"]:
             raise SettingsError(f"{s['out_dir']} already holds a run ({' and '.join(held)}); continue it with "
                                 f"--init_from=resume, train into another --out_dir, or pass --overwrite to replace it")
         s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed now: a resume keeps this schedule
-        return None
+        return None if s["init_from"] == "scratch" else read_source(s, explicit)
     ckpt, _ = common.read_checkpoint(ckpt_path, "cpu", for_resume=True)
     for key, value in ckpt["train_config"].items():
         if key in SETTINGS and key not in MODEL and key not in explicit and key not in ("out_dir", "init_from"):
@@ -283,6 +298,34 @@ def resolve_run(s, explicit):
             s[key] = value
     check_settings(s)
     return ckpt
+
+
+def read_source(s, explicit):
+    """The checkpoint a fine-tuning run starts from; its architecture becomes this run's (flags may change
+    dropout only)."""
+    source, path = common.read_checkpoint(s["init_from"], "cpu")
+    if os.path.realpath(os.path.dirname(path)) == os.path.realpath(s["out_dir"]):
+        raise SettingsError(f"--init_from={s['init_from']} is this run's own out_dir; fine-tune into another "
+                            f"--out_dir (or continue that run with --init_from=resume)")
+    for key, value in source["model_config"].items():
+        if key in MODEL and key in explicit and s[key] != value and key != "dropout":
+            raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; fine-tuning keeps the "
+                                f"source's architecture (drop --{key})")
+        if key in MODEL and (key != "dropout" or key not in explicit):
+            s[key] = value
+    source["path"] = path
+    check_settings(s)
+    return source
+
+
+def freeze(model, parts):
+    """Keep the named parts (PARTS) fixed: no gradient, not in the optimizer."""
+    head_params = {id(model.lm_head.weight)}
+    embedding_params = {id(p) for p in model.tok_emb.parameters()}
+    for p in model.parameters():
+        part = "embedding" if id(p) in embedding_params else "head" if id(p) in head_params else "backbone"
+        if part in parts or (id(p) in embedding_params and id(p) in head_params and "head" in parts):
+            p.requires_grad_(False)
 
 
 class Processes:
@@ -354,20 +397,25 @@ class Trainer:
         self.ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
         self.log_path = os.path.join(s["out_dir"], "log.jsonl")
         self.data_generator = torch.Generator()  # the data order's own stream: the model's init does not shift it
-        if ckpt is None:
+        self.origin = None  # the checkpoint a fine-tuning run started from
+        if ckpt is None or s["init_from"] != "resume":
             torch.manual_seed(s["seed"])  # the model's initialization
-            self.model = GPT(Config(vocab_size=data.meta["vocab_size"], **{key: s[key] for key in MODEL}))
+            self.model = (GPT(Config(vocab_size=data.meta["vocab_size"], **{key: s[key] for key in MODEL}))
+                          if ckpt is None else self.fine_tune(ckpt))
             self.data_generator.manual_seed(s["seed"] + DATA_SEED_OFFSET)
             torch.manual_seed(s["seed"] + procs.rank)  # dropout masks: a stream per process
             self.step, self.tokens_seen, self.best_val_loss, self.elapsed_before = 0, 0, float("inf"), 0.0
         else:
             self.resume(ckpt)
+        freeze(self.model, set(filter(None, s["freeze"].split(","))))
+        if not any(p.requires_grad for p in self.model.parameters()):
+            raise SettingsError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
         set_lev_runtime(self.model, chunk=s["lev_chunk"], compile=s["lev_compile"])
         self.model.to(procs.device)
         self.optimizer = self.model.configure_optimizers(s["weight_decay"], s["learning_rate"],
                                                          (s["beta1"], s["beta2"]), procs.device.type)
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")
-        if ckpt is not None:
+        if s["init_from"] == "resume":
             try:
                 self.optimizer.load_state_dict(ckpt["optimizer"])
                 if "scaler" in ckpt:
@@ -377,13 +425,24 @@ class Trainer:
                                     f"({common.one_line(e)[:200]}); it was edited or damaged") from None
         self.t_start = time.time()
 
+    def fine_tune(self, source):
+        """The source checkpoint's model, with its weights (dropout as this run asks)."""
+        if not same_tokens(source["meta"], self.data.meta):
+            raise SettingsError(f"{source['path']} was trained on {describe_tokens(source['meta'])}, but "
+                                f"{self.data.dir} has {describe_tokens(self.data.meta)}; fine-tune on data prepared "
+                                f"with the source's tokenizer")
+        source["model_config"]["dropout"] = self.s["dropout"]
+        self.origin = {"checkpoint": source["path"], "step": source.get("step"),
+                       "dataset": source["meta"].get("dataset"), "embedding": source["model_config"]["embedding"]}
+        return common.build_model(source, source["path"]).train()
+
     def resume(self, ckpt):
         s, procs = self.s, self.procs
+        self.origin = ckpt.get("origin")
         if not same_tokens(ckpt["meta"], self.data.meta):
-            raise SettingsError(f"{self.ckpt_path} was trained on {ckpt['meta'].get('tokenizer')} tokens (vocab_size "
-                                f"{ckpt['meta'].get('vocab_size')}), but {self.data.dir} has "
-                                f"{self.data.meta['tokenizer']} tokens (vocab_size {self.data.meta['vocab_size']}); "
-                                f"resume on data with the same tokenizer, or train from scratch in another out_dir")
+            raise SettingsError(f"{self.ckpt_path} was trained on {describe_tokens(ckpt['meta'])}, but "
+                                f"{self.data.dir} has {describe_tokens(self.data.meta)}; resume on data with the "
+                                f"same tokenizer, or train from scratch in another out_dir")
         self.model = common.build_model(ckpt, self.ckpt_path).train()
         restore_rng(ckpt, self.data_generator, procs.device, self.ckpt_path)
         self.step, self.tokens_seen = ckpt["step"], ckpt["tokens_seen"]
@@ -427,6 +486,8 @@ class Trainer:
                 "meta": self.data.meta, "step": self.step, "tokens_seen": self.tokens_seen,
                 "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed(),
                 "optimizer": self.optimizer.state_dict(), "rng": rng}
+        if self.origin is not None:
+            ckpt["origin"] = self.origin
         if self.scaler.is_enabled():
             ckpt["scaler"] = self.scaler.state_dict()
         common.save_checkpoint(ckpt, self.ckpt_path)
@@ -445,6 +506,8 @@ class Trainer:
         self.best_val_loss = min(self.best_val_loss, val_loss)
         record = {"step": self.step, "tokens": self.tokens_seen, "train_loss": train_loss, "val_loss": val_loss,
                   "lr": get_lr(self.step, s), "elapsed_s": round(self.elapsed(), 3), "embedding": s["embedding"]}
+        if self.origin is not None:
+            record["init_from"] = self.origin["checkpoint"]
         if self.procs.master:
             with open(self.log_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
@@ -517,8 +580,13 @@ def report_start(trainer, s):
     tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
     procs.log(f"data: {data.dir}, {data.meta['tokenizer']} tokens, vocab {data.meta['vocab_size']:,}, train "
               f"{len(data.train):,}, val {len(data.val):,} tokens ({len(data.val_starts)} eval windows per split)")
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     procs.log(f"model: {s['embedding']}, parameters: input embedding {report['input_embedding']:,}, backbone "
-              f"{report['backbone']:,}, head {report['head']:,}, total {report['total']:,}")
+              f"{report['backbone']:,}, head {report['head']:,}, total {report['total']:,}"
+              + (f", trainable {trainable:,} (frozen: {s['freeze']})" if s["freeze"] else ""))
+    if trainer.origin is not None:
+        procs.log(f"fine-tuning {trainer.origin['checkpoint']} (step {trainer.origin['step']}, dataset "
+                  f"{trainer.origin['dataset']}) with a fresh optimizer and schedule")
     procs.log(f"device {procs.device}, dtype {procs.dtype}, {procs.world} process(es), {tokens_per_step:,} tokens "
               f"per step, " + (f"resuming at step {trainer.step}" if s["init_from"] == "resume"
                                else f"writing {trainer.ckpt_path}"))

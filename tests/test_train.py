@@ -14,7 +14,9 @@ import torch
 from conftest import ROOT
 
 import common
+import eval as ev
 import leviathan
+import prepare_data
 import train
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16", "--lev_heads=2",
@@ -253,3 +255,84 @@ def test_help_lists_every_setting(capsys):
     text = capsys.readouterr().out
     assert all(f"--{key}=" in text for key in train.SETTINGS)
     assert "ckpt.pt" in text and "Ctrl-C" in text
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fine-tuning: --init_from=PATH
+
+
+@pytest.fixture
+def two_bpe_datasets(tmp_path, tiny_encoding):
+    """Two datasets of different texts, one tokenizer: "a" (the text of conftest) and "b" (another text)."""
+    from conftest import make_text
+
+    for name, seed in (("a", 0), ("b", 1)):
+        prepare_data.prepare(make_text(seed=seed), tiny_encoding, str(tmp_path / "data" / name), name, "synthetic")
+    return tmp_path / "data"
+
+
+def test_fine_tuning_starts_from_the_source_weights(tmp_path, two_bpe_datasets, capsys):
+    data = two_bpe_datasets
+    assert run_train(capsys, data, tmp_path / "src", "--max_iters=6", "--eval_interval=6", dataset="a")[0] == 0
+    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}", "--max_iters=4",
+                               "--eval_interval=2", "--eval_iters=0", "--n_layer=3", dataset="b")
+    assert code == 2 and "fine-tuning keeps the source's architecture" in err  # a flag may not change the model
+    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}", "--max_iters=4",
+                               "--eval_interval=2", "--eval_iters=0", dataset="b")
+    assert code == 0, err
+    assert f"fine-tuning {tmp_path / 'src' / 'ckpt.pt'} (step 6, dataset a)" in out
+    # step 0 of the new run scores the source model on the new data: the same number eval.py computes
+    source, _ = common.load_checkpoint(tmp_path / "src")
+    val = prepare_data.load_split(str(data / "b"), "val")
+    losses_b, _ = ev.evaluate_tokens(source, val, 4, "cpu")
+    first = read_log(tmp_path / "ft")[0]
+    assert first["step"] == 0 and first["val_loss"] == pytest.approx(float(losses_b.mean()), rel=1e-6)
+    assert first["init_from"] == str(tmp_path / "src" / "ckpt.pt")
+    ckpt = torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 4 and ckpt["origin"]["dataset"] == "a" and ckpt["meta"]["dataset"] == "b"
+    assert ckpt["optimizer"]["state"][0]["step"] == 4  # a fresh optimizer: only this run's steps
+
+
+@pytest.mark.parametrize("arm, frozen, changing", [
+    ("lev", "embedding,backbone", {"lm_head.weight"}),
+    ("untied", "head", {"tok_emb.weight"}),
+    ("tied", "head", set()),  # the tied table is the head too: with the backbone trainable, only it changes
+])
+def test_frozen_parts_do_not_change(tmp_path, two_bpe_datasets, capsys, arm, frozen, changing):
+    data = two_bpe_datasets
+    assert run_train(capsys, data, tmp_path / "src", "--max_iters=2", "--eval_interval=2", f"--embedding={arm}",
+                     dataset="a")[0] == 0
+    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}", "--max_iters=3",
+                               "--eval_interval=3", f"--freeze={frozen}", "--learning_rate=1e-2", dataset="b")
+    assert code == 0 and f"(frozen: {frozen})" in out, err
+    before, after = weights(tmp_path / "src"), weights(tmp_path / "ft")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    if arm == "lev":
+        assert changed == changing
+    elif arm == "untied":
+        assert "tok_emb.weight" in changed and "lm_head.weight" not in changed
+    else:
+        assert "tok_emb.weight" not in changed and any(k.startswith("blocks.") for k in changed)
+    # a resumed fine-tuning run keeps its frozen parts and its origin
+    code, out, err = run_train(capsys, data, tmp_path / "ft", "--init_from=resume", "--max_iters=5", dataset="b")
+    assert code == 0 and f"(frozen: {frozen})" in out, err
+    resumed = weights(tmp_path / "ft")
+    if arm == "lev":
+        assert all(torch.equal(resumed[k], before[k]) for k in before if k != "lm_head.weight")
+    assert torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)["origin"]["dataset"] == "a"
+
+
+def test_fine_tuning_refuses_another_tokenizer_and_bad_freezes(tmp_path, two_bpe_datasets, char_data, capsys):
+    data = two_bpe_datasets
+    assert run_train(capsys, data, tmp_path / "src", "--max_iters=2", "--eval_interval=2", dataset="a")[0] == 0
+    src = f"--init_from={tmp_path / 'src'}"
+    cases = [
+        ([src, f"--data_dir={char_data}", "--dataset=tiny_char"], "was trained on tiny tokens (vocab_size 256), but"),
+        ([src, "--freeze=everything"], "freeze='everything': choose among embedding, backbone, head"),
+        ([src, "--freeze=embedding,backbone,head"], "leaves nothing to train"),
+        ([f"--init_from={tmp_path / 'nowhere'}"], "no checkpoint at"),
+        ([src, f"--out_dir={tmp_path / 'src'}", "--overwrite"], "is this run's own out_dir"),
+    ]
+    for args, message in cases:
+        code, _, err = run_train(capsys, data, tmp_path / "ft", *args, dataset="a")
+        assert code == 2 and err.count("\n") == 1 and message in err, (args, err)
