@@ -234,6 +234,7 @@ def test_a_directory_of_mixed_files(tmp_path, eot_encoding, use_encoding, run_cl
     """Text files, .jsonl, their .gz forms and Parquet (with pyarrow), recursively, in sorted order: the tokens
     of each document and one <|endoftext|> after each, hidden and other files ignored."""
     docs = documents_of(12)
+    docs[4] += "A text may hold <|endoftext|>, which is text, not a separator."
     corpus = tmp_path / "corpus"
     (corpus / "sub" / ".git").mkdir(parents=True)
     (corpus / "a.txt").write_text(docs[0], encoding="utf-8")
