@@ -44,6 +44,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -570,6 +571,11 @@ def init_worker(tokenizer, eot_token, dtype, text_field):
     _worker.update(tokenizer=tokenizer, eot_token=eot_token, dtype=dtype, text_field=text_field)
 
 
+def init_pool_worker(*worker_args):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle: it ends the pool
+    init_worker(*worker_args)
+
+
 def jsonl_documents(block, path, first_line, text_field):
     """The texts of a block of .jsonl lines (blank lines skipped) -> (texts, None), or (None, one-line error)."""
     texts = []
@@ -640,7 +646,7 @@ def tokenized_in_order(items, worker_args, workers, stats):
             yield item, tokenize_item(item)
         return
     # spawn, not fork: the caller may hold threads (torch, tests), and forking a threaded process can deadlock
-    with multiprocessing.get_context("spawn").Pool(workers, init_worker, worker_args) as pool:
+    with multiprocessing.get_context("spawn").Pool(workers, init_pool_worker, worker_args) as pool:
         pending = collections.deque()
         for item in items:
             pending.append((item._replace(payload=None), pool.apply_async(tokenize_item, (item,))))
@@ -993,6 +999,9 @@ def main(argv=None):
     except (OSError, ValueError) as e:  # FileNotFoundError and ConnectionError are OSErrors
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"interrupted: {os.path.join(args.data_dir, args.name or '')} is as it was", file=sys.stderr)
+        sys.exit(130)
     if meta["tokenizer"] == "char":
         print(f"all the unique characters: {meta['chars']!r}")
     print(f"tokenizer: {meta['tokenizer']}, vocab size: {meta['vocab_size']:,}, dtype: {meta['dtype']}")
