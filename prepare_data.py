@@ -407,12 +407,13 @@ def decoded_blocks(blocks, path):
     for block in itertools.chain(blocks, [None]):
         data = b"" if block is None else block
         try:
-            yield decoder.decode(data, final=block is None)
+            text = decoder.decode(data, final=block is None)
         except UnicodeDecodeError as e:  # e.object: the bytes of a character begun in the last block, then data
             at = offset - (len(e.object) - len(data)) + e.start
             line += e.object[:e.start].count(b"\n")
             raise ValueError(f"{path}, line {line:,}: not UTF-8 text (byte {at:,}: {e.object[e.start:e.start + 4]!r}"
                              f"); convert the file to UTF-8") from None
+        yield text
         line, offset = line + data.count(b"\n"), offset + len(data)
 
 
@@ -751,10 +752,11 @@ def write_dataset(items, tok, out_dir, meta, eot_token=None, workers=1, text_fie
         documents = write_tokens(items, writer, worker_args, workers, progress, bytes_read, stats)
         for split in SPLITS:
             if writer.tokens[split] < MIN_SPLIT_TOKENS:
-                unit = "one text" if eot_token is None else f"{sum(documents.values()):,} documents"
-                raise ValueError(f"{meta['source']} is too short: {unit} gave {writer.tokens[split]} {split} "
+                what = ("one text" if eot_token is None else
+                        f"{sum(documents.values()):,} documents (val takes a fixed ~10% of them)")
+                raise ValueError(f"{meta['source']} is too short: {what} gave {writer.tokens[split]} {split} "
                                  f"tokens, and a split needs at least {MIN_SPLIT_TOKENS} (one input and its target) "
-                                 f"to be of any use; use more text")
+                                 f"to be of any use; use more {'text' if eot_token is None else 'documents'}")
         full = {"dataset": meta.pop("dataset"), "tokenizer": tok.name, "vocab_size": tok.vocab_size,
                 "dtype": dtype.name, "train_tokens": writer.tokens["train"], "val_tokens": writer.tokens["val"]}
         if tok.name == "char":
@@ -891,7 +893,11 @@ def bench(sizes_mb, tokenizer, workers, base_path=None, folder=None):
     """Print a markdown table: tiktoken's single-thread rate on the smallest corpus, the floor (cores x that), and
     prepare_data's rate and peak memory on each corpus size."""
     tok = make_tokenizer(tokenizer)
-    base = open(base_path, encoding="utf-8").read() if base_path else synthetic_text(4_000_000)
+    if base_path:
+        with open(base_path, encoding="utf-8") as f:
+            base = f.read()
+    else:
+        base = synthetic_text(4_000_000)
     file_mb = max(1, min(50, min(sizes_mb) // 4))  # files of at most 50 MB, at least 4 in the smallest corpus
     with tempfile.TemporaryDirectory(prefix="prepare_bench_", dir=folder) as tmp:
         start = time.perf_counter()
