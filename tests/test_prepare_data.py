@@ -433,3 +433,32 @@ def test_progress_lines_on_stderr(tmp_path, eot_encoding, monkeypatch, capsys):
     assert len(lines) > 3
     assert re.fullmatch(r"tokenizing: [\d.]+ of [\d.]+ MB read \(\d+%\), [\d,]+ documents read, [\d,]+ tokens "
                         r"written, [\d.]+ MB/s, ETA \d\d:\d\d:\d\d", lines[-1]), lines[-1]
+
+
+def test_work_in_flight_is_bounded(eot_encoding):
+    """Memory stays bounded: the input is read at most 2 tasks per worker ahead of the results (Pool.imap would
+    read all of it ahead)."""
+    read = []
+
+    def items():
+        for i in range(40):
+            read.append(i)
+            yield prepare_data.WorkItem("text", f"Document {i}.", "mem.txt", 0, True, None)
+
+    worker_args = (prepare_data.TiktokenTokenizer(eot_encoding), 256, np.dtype(np.uint16), "text")
+    results = prepare_data.tokenized_in_order(items(), worker_args, 2, stats := {})
+    for done, (_, (tokens, _, _)) in enumerate(results, start=1):
+        assert len(read) <= done + 4
+        assert eot_encoding.decode(tokens.tolist()) == f"Document {done - 1}.<|endoftext|>"
+    assert done == 40 and stats["worker_peak_mib"] > 0
+
+
+def test_bench_prints_its_table(eot_encoding, capsys):
+    prepare_data.bench([1, 2], eot_encoding, workers=1)
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert len(rows) == 5 and "tiny_eot" in rows[0]
+    assert rows[1].startswith("| tiktoken encode_ordinary, 1 thread | 1 |")
+    assert rows[3].startswith("| prepare_data.py, 1 workers | 1 |")
+    assert rows[4].startswith("| prepare_data.py, 1 workers | 2 |")
+    assert re.search(r"\| \d+ / - \|$", rows[3])  # the main process's peak memory; no workers with 1
