@@ -37,7 +37,7 @@ ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+    p = common.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -72,12 +72,12 @@ def parse_args(argv=None):
     args.tables = set(args.tables.split(","))
     if not args.tables <= {"train", "lev", "gen"}:
         p.error(f"--tables={','.join(sorted(args.tables))}: choose among train, lev, gen")
-    check_numbers(p, args)
     try:
-        args.device = resolve_device(args.device)
         Config(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                n_embd=args.n_embd)  # the model's own checks, before any work
         Config(vocab_size=args.vocab_size, n_embd=args.lev_embd, n_head=1)
+        check_numbers(p, args)
+        args.device = resolve_device(args.device)
         if args.json is not None:
             common.check_output_file(args.json, "--json")
     except ValueError as e:

@@ -6,6 +6,7 @@ and exit code 2, never a traceback. Every file a script writes appears whole or 
 failure, Ctrl-C or full disk ever leaves half a checkpoint or replaces a good one by a broken one.
 """
 
+import argparse
 import contextlib
 import dataclasses
 import glob
@@ -31,6 +32,13 @@ def fail(prog, message):
     """Bad input: one actionable line on stderr and exit code 2."""
     print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
     sys.exit(2)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag gives one line (not the usage block, then the error) and exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -382,7 +382,8 @@ def labels(dirs, embeddings):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.strip(), epilog=LAMBADA_RULE + "\n\n" + tasks.TASK_FORMATS,
+    p = common.ArgumentParser(prog="eval.py", description=__doc__.strip(),
+                              epilog=LAMBADA_RULE + "\n\n" + tasks.TASK_FORMATS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="+", metavar="DIR", help="checkpoint dirs (ckpt.pt, and log.jsonl for token "
                    "efficiency); the first is the baseline")

@@ -940,7 +940,9 @@ def bench(sizes_mb, tokenizer, workers, base_path=None, folder=None):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
+    from common import ArgumentParser  # here, not at the top: common imports torch, which workers need not load
+
+    parser = ArgumentParser(prog="prepare_data.py",
         description=__doc__.split("\n\nImporting")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"Known datasets (downloaded unless --input is given): {', '.join(KNOWN_DATASETS)}. "
         "Any other NAME needs --input.")

@@ -28,13 +28,6 @@ from leviathan import set_lev_runtime
 SEPARATOR = "---------------"
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad flag gives one clear line (not usage + error) and exit code 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """--help shows the module docstring as written (with its examples) and every flag's default."""
 
@@ -45,7 +38,7 @@ def fail(message):
 
 
 def parse_args(argv):
-    p = ArgumentParser(prog="sample.py", description=__doc__, formatter_class=HelpFormatter)
+    p = common.ArgumentParser(prog="sample.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--out_dir", default="out", help="directory holding ckpt.pt (written by train.py)")
     p.add_argument("--start", default="\n",
                    help="prompt text, or FILE:path to read the prompt from a UTF-8 file (default: %(default)r)")

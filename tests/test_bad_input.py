@@ -1,0 +1,302 @@
+"""Bad input and failures, across the scripts, as a hostile user would try them: every case is one actionable line
+on stderr and exit code 2 (never a traceback, never a silent success), and no failure ever loses the last good
+checkpoint. prepare_data.py's cases live in tests/test_prepare_data.py."""
+
+import os
+
+import pytest
+import torch
+
+import bench
+import common
+import eval as ev
+import leviathan
+import sample
+import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16", "--lev_heads=2",
+        "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
+        "--device=cpu"]
+
+
+def train_cli(run_cli, data, out, *args, dataset="tiny_char"):
+    return run_cli(train.main, [f"--data_dir={data}", f"--dataset={dataset}", f"--out_dir={out}", *TINY, *args])
+
+
+def assert_one_line(code, err, message, prog):
+    assert code == 2, (code, err)
+    assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert message in err, err
+
+
+def all_finite(path):
+    return all(t.isfinite().all() for t in torch.load(path, weights_only=True)["model"].values()
+               if t.is_floating_point())
+
+
+@pytest.fixture
+def trained(tmp_path, char_data, run_cli):
+    """A finished 2-step lev run in tmp_path/run (checkpoint at step 2)."""
+    code, _, err = train_cli(run_cli, char_data, tmp_path / "run", "--max_iters=2", "--eval_interval=2")
+    assert code == 0, err
+    return tmp_path / "run"
+
+
+def edited_checkpoint(src, dst, edit):
+    """A copy of src's ckpt.pt in folder dst, changed by edit(ckpt) (as a hand-edit would)."""
+    ckpt = torch.load(src / "ckpt.pt", weights_only=True)
+    edit(ckpt)
+    dst.mkdir()
+    torch.save(ckpt, dst / "ckpt.pt")
+    return dst
+
+
+# ----------------------------------------------------------------------------------------------------------
+# train.py
+
+
+def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli):
+    (tmp_path / "latin1.py").write_bytes("# caf\xe9\nn_layer = 2\n".encode("latin-1"))
+    (tmp_path / "a_file").write_text("")
+    cases = [
+        (["--block_size=0"], "block_size=0 must be a positive integer"),
+        (["--n_embd=0"], "n_embd=0 must be a positive integer"),
+        (["--learning_rate=nan"], "learning_rate='nan' must be a number"),
+        (["--learning_rate=1e999"], "learning_rate=inf must be a finite number"),
+        (["--min_lr=0.01", "--learning_rate=0.001"], "min_lr=0.01 must not exceed learning_rate=0.001"),
+        (["--dropout=1.5"], "dropout=1.5 must be in [0, 1)"),
+        (["--seed=-1"], "seed=-1 must be in [0, 2^63"),
+        (["--lev_chunk=0"], "lev_chunk=0 must be at least 1"),
+        (["--out_dir="], "out_dir is empty"),
+        ([f"--out_dir={tmp_path / 'a_file'}"], "is a file, not a folder"),
+        ([f"--out_dir={tmp_path / 'a_file' / 'below'}"], "cannot write in"),
+        (["--init_from="], "init_from is empty"),
+        ([str(tmp_path / "latin1.py")], "latin1.py is not UTF-8 text (byte 5)"),
+        (["--max_iters=1e3"], "max_iters=1000.0 must be an integer"),
+    ]
+    for args, message in cases:
+        out = args[0].split("=", 1)[1] if args[0].startswith("--out_dir") else tmp_path / "out"
+        code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char", f"--out_dir={out}",
+                                            *TINY, *args])
+        assert_one_line(code, err, message, "train.py")
+    assert not (tmp_path / "out").exists()  # nothing was written for a bad setting
+
+
+def test_train_refuses_damaged_data(tmp_path, char_data, run_cli):
+    meta_path = char_data / "tiny_char" / "meta.json"
+    meta = meta_path.read_text()
+    for bad, message in [(meta.replace('"uint16"', '"float64"'), "dtype='float64' is not uint16 or uint32"),
+                         (meta.replace('"train_tokens": ', '"train_tokens": -'), "must be non-negative integers"),
+                         ("[1, 2]", "lacks tokenizer")]:
+        meta_path.write_text(bad)
+        code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=1")
+        assert_one_line(code, err, message, "train.py")
+    meta_path.write_text(meta)
+    with open(char_data / "tiny_char" / "train.bin", "r+b") as f:
+        f.truncate(100)
+    code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=1")
+    assert_one_line(code, err, "train.bin is 100 bytes, meta.json expects", "train.py")
+
+
+def test_resuming_an_edited_or_foreign_checkpoint_is_refused(tmp_path, char_data, run_cli, trained):
+    class Evil:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'PWNED'}",)
+
+    (tmp_path / "evil").mkdir()
+    torch.save({"version": 2, "model": Evil()}, tmp_path / "evil" / "ckpt.pt")
+    cases = [
+        (edited_checkpoint(trained, tmp_path / "no_opt", lambda c: c.pop("optimizer")), "'optimizer' is missing"),
+        (edited_checkpoint(trained, tmp_path / "no_meta", lambda c: c.pop("meta")), "'meta' is missing"),
+        (edited_checkpoint(trained, tmp_path / "no_rng", lambda c: c.pop("rng")), "'rng' is missing"),
+        (edited_checkpoint(trained, tmp_path / "str_step", lambda c: c.update(step="2")), "'step' is a str"),
+        (edited_checkpoint(trained, tmp_path / "bad_rng", lambda c: c.update(rng={"data": 3})),
+         "its random states (rng) are unusable"),
+        (edited_checkpoint(trained, tmp_path / "bad_opt", lambda c: c["optimizer"].update(param_groups=[])),
+         "its optimizer state does not fit the model"),
+        (edited_checkpoint(trained, tmp_path / "bad_weights", lambda c: c["model"].pop("norm.weight")),
+         "the weights do not fit its model settings"),
+        (tmp_path / "evil", "could run code when loaded; it was refused unread"),
+    ]
+    for out, message in cases:
+        code, _, err = train_cli(run_cli, char_data, out, "--init_from=resume", "--max_iters=4")
+        assert_one_line(code, err, message, "train.py")
+        assert "weights_only" not in err  # torch's advice to load unsafely is not passed on
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_scratch_run_never_replaces_a_run_unless_asked(tmp_path, char_data, run_cli, trained):
+    before = (trained / "ckpt.pt").read_bytes()
+    code, _, err = train_cli(run_cli, char_data, trained, "--max_iters=1")
+    assert_one_line(code, err, "already holds a run (ckpt.pt and log.jsonl); continue it with --init_from=resume",
+                    "train.py")
+    assert (trained / "ckpt.pt").read_bytes() == before
+    code, _, err = train_cli(run_cli, char_data, trained, "--max_iters=1", "--eval_interval=1", "--overwrite")
+    assert code == 0, err
+    assert torch.load(trained / "ckpt.pt", weights_only=True)["step"] == 1
+
+
+def test_a_non_finite_gradient_stops_before_any_weight_changes(tmp_path, char_data, run_cli, monkeypatch):
+    """A finite loss with an infinite gradient (e.g. an overflow in backward) must not reach the weights: the
+    run stops, and ckpt.pt keeps the last good state."""
+    forward = leviathan.GPT.forward
+    training_calls = []
+
+    def infinite_gradient_at_the_fourth_step(self, *args, **kwargs):
+        logits, loss = forward(self, *args, **kwargs)
+        if self.training:
+            training_calls.append(1)
+            if len(training_calls) == 4:
+                loss = loss * 1.0
+                loss.register_hook(lambda grad: grad * float("inf"))
+        return logits, loss
+
+    monkeypatch.setattr(leviathan.GPT, "forward", infinite_gradient_at_the_fourth_step)
+    code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=8", "--eval_interval=2")
+    assert code == 1 and "gradient norm is" in err and "at step 3" in err, err
+    assert "ckpt.pt keeps the last good state" in err and "Traceback" not in err
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 2 and all_finite(tmp_path / "out" / "ckpt.pt")
+
+
+@pytest.mark.parametrize("arm", ["lev", "tied"])
+def test_a_diverging_run_stops_cleanly_and_never_saves_nan(tmp_path, char_data, run_cli, arm):
+    """learning_rate=1000 blows the weights up within a few steps: in every arm the run stops with one line, and
+    ckpt.pt (if any was written) holds finite weights."""
+    code, out, err = train_cli(run_cli, char_data, tmp_path / "out", f"--embedding={arm}", "--learning_rate=1000",
+                               "--min_lr=0", "--eval_interval=1", "--max_iters=30", "--grad_clip=0")
+    assert code == 1 and "Traceback" not in err and err.count("\n") == 1, err
+    assert "stopping without saving" in err
+    if (tmp_path / "out" / "ckpt.pt").exists():
+        assert all_finite(tmp_path / "out" / "ckpt.pt")
+
+
+def test_a_full_disk_during_a_save_keeps_the_last_checkpoint(tmp_path, char_data, run_cli, trained):
+    """The temp file the next save writes is pointed at /dev/full (writes fail with ENOSPC, as on a full disk):
+    one line naming the path, exit 2, the previous ckpt.pt intact, no temp file left behind."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    before = (trained / "ckpt.pt").read_bytes()
+    tmp = trained / f"ckpt.pt.tmp{os.getpid()}"
+    os.symlink("/dev/full", tmp)
+    code, _, err = train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=4")
+    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'}", "train.py")
+    assert "is unchanged" in err
+    assert (trained / "ckpt.pt").read_bytes() == before and not os.path.lexists(tmp)
+
+
+def test_stale_temp_files_of_dead_runs_are_removed(tmp_path, char_data, run_cli, trained):
+    dead = trained / "ckpt.pt.tmp999999999"  # no process has this id
+    dead.write_bytes(b"x" * 1000)
+    assert train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=3")[0] == 0
+    assert not dead.exists()
+
+
+def test_resuming_with_more_steps_keeps_the_schedule(tmp_path, char_data, run_cli):
+    """lr_decay_iters=0 means max_iters *of the run's start*: resuming with a larger max_iters does not reshape
+    the cosine of the steps already taken; past the old end the rate stays at min_lr (and the run says so)."""
+    code, _, _ = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=4", "--eval_interval=2",
+                           "--warmup_iters=0")
+    assert code == 0
+    code, out, err = train_cli(run_cli, char_data, tmp_path / "out", "--init_from=resume", "--max_iters=8",
+                               "--eval_interval=2")
+    assert code == 0 and "the cosine decay ends at step 4" in out, err
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ckpt["train_config"]["lr_decay_iters"] == 4
+    with open(tmp_path / "out" / "log.jsonl") as f:
+        lrs = [float(line.split('"lr": ')[1].split(",")[0]) for line in f]
+    assert lrs[2:] == [1e-4, 1e-4, 1e-4]  # steps 4, 6, 8: min_lr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sample.py and eval.py
+
+
+def nan_checkpoint(trained, tmp_path):
+    return edited_checkpoint(trained, tmp_path / "nan", lambda c: c["model"]["norm.weight"].fill_(float("nan")))
+
+
+def run_sample(run_cli, out_dir, *args):
+    return run_cli(sample.main, [f"--out_dir={out_dir}", "--num_samples=1", "--max_new_tokens=5", "--start=ab",
+                                 "--device=cpu", *args])
+
+
+def test_sample_rejects_bad_values(tmp_path, run_cli, trained):
+    cases = [
+        (["--temperature=nan"], "--temperature=nan must be a finite number >= 0"),
+        (["--temperature=inf"], "--temperature=inf must be a finite number >= 0"),
+        (["--top_p=nan"], "--top_p=nan must be in (0, 1]"),
+        (["--seed=99999999999999999999"], "--seed=99999999999999999999 must be in [0, 2^63)"),
+        (["--seed=-1"], "--seed=-1 must be in [0, 2^63)"),
+        (["--threads=-2"], "--threads=-2 must be >= 0"),
+    ]
+    for args, message in cases:
+        code, _, err = run_sample(run_cli, trained, *args)
+        assert_one_line(code, err, message, "sample.py")
+    code, _, err = run_sample(run_cli, nan_checkpoint(trained, tmp_path))
+    assert_one_line(code, err, "holds non-finite weights (NaN or inf, e.g. in norm.weight)", "sample.py")
+
+
+def test_a_tiny_temperature_is_greedy_not_nan(tmp_path, run_cli, trained):
+    """logits / 1e-45 overflows to inf - inf = NaN unless the best logit is subtracted first."""
+    texts, out, err = run_sample(run_cli, trained, "--temperature=1e-45")  # sample.main returns the texts
+    assert "Traceback" not in err and len(texts) == 1
+    assert texts == run_sample(run_cli, trained, "--temperature=0")[0]
+
+
+def test_eval_checks_outputs_first_and_refuses_nan(tmp_path, char_data, run_cli, trained):
+    (tmp_path / "a_file").write_text("")
+    for flag in ("--json", "--plot"):
+        for path, message in [(tmp_path / "a_file" / "x", "is a file, not a folder"), (tmp_path, "is a directory"),
+                              ("", "is empty")]:
+            code, _, err = run_cli(ev.main, [str(trained), f"--data_dir={char_data}", f"{flag}={path}"])
+            assert_one_line(code, err, f"{flag}", "eval.py")
+            assert message in err and "evaluated" not in err  # refused before any evaluation
+    code, _, err = run_cli(ev.main, [str(trained), str(nan_checkpoint(trained, tmp_path)), f"--data_dir={char_data}"])
+    assert_one_line(code, err, "holds non-finite weights", "eval.py")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# bench.py
+
+TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
+       "--batch_size=2", "--steps=1", "--warmup=0", "--lev_ids=40", "--lev_embd=8", "--plain_max=10",
+       "--gen_tokens=4", "--tables=train"]
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--steps=0", "--steps=0 must be >= 1"),
+    ("--warmup=-1", "--warmup=-1 must be >= 0"),
+    ("--batch_size=0", "--batch_size=0 must be >= 1"),
+    ("--n_head=3", "n_embd=16 must be divisible by n_head=3"),
+    ("--block_size=0", "block_size=0 must be a positive integer"),
+    ("--n_layer=-1", "n_layer=-1 must be a positive integer"),
+    ("--lev_ids=0", "--lev_ids=0 must be >= 1"),
+    ("--lev_ids=301", "--lev_ids=301 distinct ids need --vocab_size >= 301"),
+    ("--gen_tokens=0", "--gen_tokens=0 must be >= 1"),
+    ("--plain_max=-1", "--plain_max=-1 must be >= 0"),
+    ("--vocab_size=1", "vocab_size=1 must be at least 2"),
+    ("--lev_chunk=0", "--lev_chunk=0 must be >= 1"),
+    ("--lev_embd=0", "n_embd=0 must be a positive integer"),
+    ("--seed=-5", "--seed=-5 must be >= 0"),
+    ("--embedding=,", "unknown arm(s)"),
+    ("--json=", "--json is empty"),
+])
+def test_bench_flags_are_checked(run_cli, flag, message):
+    code, out, err = run_cli(bench.main, [*TOY, flag])
+    assert code == 2 and message in err and "Traceback" not in err and not out, err
+
+
+def test_common_reports_an_unwritable_folder(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ValueError, match="--json=.* is a directory"):
+        common.check_output_file(str(tmp_path), "--json")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        common.check_output_file(str(tmp_path / "f" / "x.json"), "--json")
+    os.chmod(tmp_path / "f", 0o644)
+    if os.geteuid() != 0:  # root may write anywhere
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(ValueError, match="cannot write in"):
+            common.check_output_file(str(tmp_path / "ro" / "x.json"), "--json")
