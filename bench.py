@@ -80,7 +80,8 @@ def parse_args(argv=None):
         args.device = resolve_device(args.device)
         if args.json is not None:
             common.check_output_file(args.json, "--json")
-    except ValueError as e:
+        batch_source(args)  # the data can serve the batches
+    except (ValueError, OSError) as e:
         p.error(str(e).removeprefix("Config: "))
     if args.dtype == "auto":
         args.dtype = "bfloat16" if args.device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
@@ -92,7 +93,7 @@ def parse_args(argv=None):
 
 def check_numbers(p, args):
     """Ranges of the numeric flags (the model's sizes are checked by leviathan.Config)."""
-    minimum = {"batch_size": 1, "lev_chunk": 1, "steps": 1, "warmup": 0, "lev_ids": 1, "plain_max": 0,
+    minimum = {"batch_size": 1, "lev_chunk": 1, "steps": 1, "warmup": 0, "lev_ids": 1, "plain_max": 1,
                "gen_tokens": 1, "seed": 0}
     for name, low in minimum.items():
         if getattr(args, name) < low:
@@ -131,6 +132,8 @@ def batch_source(args):
         data = data[data < args.vocab_size]  # rejection, not clamping: no pile-up on the last id
         vocab_size, what = args.vocab_size, f"Zipf(1.1) ids over V={args.vocab_size} ({path} not found)"
     T = args.block_size
+    if len(data) <= T + 1:
+        raise ValueError(f"--block_size={T} is longer than the {len(data):,} tokens of {what}")
 
     def get_batch(gen):
         ix = torch.randint(len(data) - T - 1, (args.batch_size,), generator=gen).tolist()

@@ -136,6 +136,8 @@ def read_curve(run_dir):
             try:
                 record = json.loads(line)
                 curve.append((float(record["tokens"]), float(record["val_loss"])))
+                if not all(math.isfinite(v) for v in curve[-1]):
+                    raise ValueError("not finite")
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{n} is not a log record with 'tokens' and 'val_loss' ({e}); "
                                  f"fix or delete that line") from None
@@ -450,6 +452,8 @@ def main(argv=None):
                  f"on {got[0]!r} (tokenizer {got[1]}, vocab {got[2]}); compare checkpoints of one dataset and "
                  f"tokenizer only")
 
+    if not isinstance(want[0], str) or not want[0]:
+        fail(f"{first_dir}: its dataset name {want[0]!r} is not a folder name; the checkpoint was edited or damaged")
     data_dir = os.path.join(args.data_dir, want[0])
     try:
         meta = load_meta(data_dir)
@@ -461,6 +465,8 @@ def main(argv=None):
         fail(f"{data_dir} holds dataset {got[0]!r} (tokenizer {got[1]}, vocab {got[2]}) but the checkpoints were "
              f"trained on {want[0]!r} (tokenizer {want[1]}, vocab {want[2]}); prepare it again or fix --data_dir")
 
+    if len(val) and int(np.max(val)) >= meta["vocab_size"]:
+        fail(f"{data_dir}/val.bin holds ids >= vocab_size {meta['vocab_size']}; prepare the dataset again")
     counts = train_counts(train, meta["vocab_size"])
     passages, task_sets = [], []
     if args.lambada_max or args.task:

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import signal
+import string
 import sys
 import time
 
@@ -132,6 +133,9 @@ def read_config_file(path):
         raise SettingsError(f"config file {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise SettingsError(f"config file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except (MemoryError, RecursionError):
+        raise SettingsError(f"config file {path} is nested too deeply to read; only `key = value` lines are "
+                            f"allowed") from None
     except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
         raise SettingsError(f"config file {path}, line {getattr(e, 'lineno', '?')}: {getattr(e, 'msg', e)}; "
                             f"only `key = value` lines are allowed") from None
@@ -191,6 +195,8 @@ def check_settings(s):
     need(s["learning_rate"] > 0, f"learning_rate={s['learning_rate']} must be > 0")
     need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
                                             f"{s['learning_rate']} (the decay goes down to min_lr)")
+    need(not 0 < s["lr_decay_iters"] < s["warmup_iters"], f"warmup_iters={s['warmup_iters']} must not exceed "
+                                                          f"lr_decay_iters={s['lr_decay_iters']}")
     need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
     need(0 <= s["seed"] < 2 ** 63 - DATA_SEED_OFFSET - 1024, f"seed={s['seed']} must be in [0, 2^63 - 2^21)")
     bad_parts = set(filter(None, s["freeze"].split(","))) - set(PARTS)
@@ -273,6 +279,9 @@ def resolve_run(s, explicit):
     """Fill in out_dir, check it, and for a resumed run load the checkpoint and take its settings (files and
     flags on top). Returns the checkpoint (None for a scratch run)."""
     try:  # e.g. out-{dataset}-{embedding}: one folder per arm, so arms do not overwrite each other
+        fields = [field for _, field, _, _ in string.Formatter().parse(s["out_dir"]) if field is not None]
+        if any(field not in SETTINGS for field in fields):  # no {dataset.upper} or {0}: plain names only
+            raise KeyError(next(field for field in fields if field not in SETTINGS))
         s["out_dir"] = s["out_dir"].format(**s)
     except (KeyError, IndexError, ValueError, AttributeError) as e:
         raise SettingsError(f"out_dir={s['out_dir']!r}: each {{...}} must name a setting, e.g. {{embedding}} "
@@ -289,7 +298,7 @@ def resolve_run(s, explicit):
     ckpt, _ = common.read_checkpoint(ckpt_path, "cpu", for_resume=True)
     for key, value in ckpt["train_config"].items():
         if key in SETTINGS and key not in MODEL and key not in explicit and key not in ("out_dir", "init_from"):
-            s[key] = value
+            set_setting(s, key, value, f"{ckpt_path} (train_config)")  # a hand-edit could hold any type
     for key, value in ckpt["model_config"].items():  # the model is the checkpoint's; a flag may not change it
         if key in MODEL and key in explicit and s[key] != value:
             raise SettingsError(f"{ckpt_path} has {key}={value!r}, this run asks for {s[key]!r}; a resumed run "
@@ -446,6 +455,9 @@ class Trainer:
         self.model = common.build_model(ckpt, self.ckpt_path).train()
         restore_rng(ckpt, self.data_generator, procs.device, self.ckpt_path)
         self.step, self.tokens_seen = ckpt["step"], ckpt["tokens_seen"]
+        if self.step < 0 or self.tokens_seen < 0:
+            raise SettingsError(f"{self.ckpt_path}: step={self.step}, tokens_seen={self.tokens_seen} must be >= 0; "
+                                f"it was edited or damaged")
         self.best_val_loss, self.elapsed_before = ckpt["best_val_loss"], float(ckpt.get("elapsed_s", 0.0))
         if procs.ddp and procs.rank > 0:
             torch.manual_seed(s["seed"] + procs.rank + self.step)  # only rank 0's dropout stream is saved
@@ -673,9 +685,15 @@ def main(argv=None):
         check_settings(settings)
         return train(settings, explicit)
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint (SettingsError is a ValueError)
-        if os.environ.get("RANK", "0") == "0":
-            print(f"train.py: error: {common.one_line(e)}", file=sys.stderr)
-        return 2
+        message = common.one_line(e)
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not isinstance(e, MemoryError) and "memory" not in str(e):
+            raise  # a bug, not the machine's limit: its traceback is what a report needs
+        message = (f"out of memory ({common.one_line(e)[:150]}); use a smaller batch_size, block_size or model, "
+                   f"or gradient_accumulation_steps")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train.py: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

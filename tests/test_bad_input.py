@@ -276,7 +276,7 @@ TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_e
     ("--lev_ids=0", "--lev_ids=0 must be >= 1"),
     ("--lev_ids=301", "--lev_ids=301 distinct ids need --vocab_size >= 301"),
     ("--gen_tokens=0", "--gen_tokens=0 must be >= 1"),
-    ("--plain_max=-1", "--plain_max=-1 must be >= 0"),
+    ("--plain_max=0", "--plain_max=0 must be >= 1"),
     ("--vocab_size=1", "vocab_size=1 must be at least 2"),
     ("--lev_chunk=0", "--lev_chunk=0 must be >= 1"),
     ("--lev_embd=0", "n_embd=0 must be a positive integer"),
@@ -300,3 +300,22 @@ def test_common_reports_an_unwritable_folder(tmp_path):
         (tmp_path / "ro").mkdir(mode=0o555)
         with pytest.raises(ValueError, match="cannot write in"):
             common.check_output_file(str(tmp_path / "ro" / "x.json"), "--json")
+
+
+def test_more_damage_found_by_probing(tmp_path, char_data, run_cli, trained):
+    """Cases a probe of ~370 hostile inputs turned up: edited settings inside a checkpoint, schedules that make no
+    sense, format fields in out_dir, deeply nested config files, bench.py's data too short for its block."""
+    edited = edited_checkpoint(trained, tmp_path / "edited", lambda c: c["train_config"].update(beta2="x"))
+    code, _, err = train_cli(run_cli, char_data, edited, "--init_from=resume", "--max_iters=4")
+    assert_one_line(code, err, "(train_config): beta2='x' must be a number", "train.py")
+    negative = edited_checkpoint(trained, tmp_path / "negative", lambda c: c.update(step=-3))
+    code, _, err = train_cli(run_cli, char_data, negative, "--init_from=resume", "--max_iters=4")
+    assert_one_line(code, err, "step=-3, tokens_seen=", "train.py")
+    (tmp_path / "deep.py").write_text("n_layer = " + "-" * 100_000 + "1\n")
+    for args, message in [(["--warmup_iters=10", "--lr_decay_iters=2"], "warmup_iters=10 must not exceed"),
+                          (["--out_dir=out-{dataset.upper}"], "each {...} must name a setting"),
+                          ([str(tmp_path / "deep.py")], "is nested too deeply")]:
+        code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char", *TINY, *args])
+        assert_one_line(code, err, message, "train.py")
+    code, out, err = run_cli(bench.main, [*TOY, "--block_size=10000000", "--n_embd=16"])
+    assert code == 2 and "is longer than the" in err and "Traceback" not in err, err
