@@ -1,24 +1,28 @@
 """
-A memory-lean language-model head: logits and cross-entropy a chunk of tokens at a time, recomputed in backward.
+A memory-lean language-model head: logits and cross-entropy a chunk of tokens at a time, never all at once.
 
     loss = linear_cross_entropy(x, weight, targets)   # == F.cross_entropy(F.linear(x, weight).float(), targets,
                                                       #                    ignore_index=-1), in value and gradients
 
 For N tokens and a V-word vocabulary the usual head materialises N x V logits, and autograd keeps them (and the
 log-softmax, and their gradient) alive: 1.6 GB each for 2,048 tokens at V = 200,376 in fp32. Here only
-chunk x V logits exist at once, and backward recomputes them from the saved hidden states.
+chunk x V logits exist at once: forward either computes the gradients as it goes (the default for a scalar
+loss), or keeps only the per-token log-sum-exp and backward recomputes the logits (recompute=True).
 
 Self-contained (imports torch only), so that it can move into leviathan.py as it is.
 """
 
 import torch
 
-CHUNK_MIB = 32  # default size of one chunk's fp32 logits; see default_chunk_size and bench_head.py
+CHUNK_MIB = 256  # default size of one chunk's fp32 logits; see default_chunk_size
 
 
 def default_chunk_size(vocab_size, mib=CHUNK_MIB):
-    """Tokens per chunk such that a chunk's fp32 logits take about `mib` MiB (at least 16 tokens): the logits'
-    memory stays fixed whatever V is, and the matmuls stay large enough to run at full speed."""
+    """Tokens per chunk such that a chunk's fp32 logits take about `mib` MiB (at least 16 tokens): the head's
+    scratch memory stays fixed whatever V is. 256 MiB: 1,335 tokens at V = 50,257, 334 at V = 200,376. Measured
+    with bench_head.py on 2 CPU cores (D = 128, 2,048 tokens): chunks of 512 tokens or more run the head at full
+    speed, smaller ones slower (the matmuls get thin: 128 tokens took 1.15x the time of 512 at V = 200,376, 1.7x at
+    50,257), while each 128 tokens cost V / 2,048 MiB more (fp32; 1.5x that under bf16 autocast)."""
     return max(16, mib * 2**20 // (4 * vocab_size))
 
 
@@ -81,12 +85,21 @@ def chunk_forward(buf, x_c, safe_c, valid_c):
 
 def chunk_backward(buf, probs, x_c, safe_c, scale_c, grad_x_c, grad_w):
     """One chunk's gradients from its softmax probs (n, V), overwritten: g = scale_c * (probs - onehot(target)),
-    grad_x_c[:] = g W (when grad_x_c is not None) and grad_w += g^T x_c. scale_c: (n, 1), 0 at ignored tokens."""
+    grad_x_c[:] = g W and grad_w += g^T x_c, each unless it is None. scale_c: (n, 1), 0 at ignored tokens."""
     probs.scatter_add_(1, safe_c[:, None], -torch.ones_like(scale_c))  # - onehot(target)
     g = buf.low_precision(probs.mul_(scale_c))  # (n, V) dL/dlogits, in the matmul's dtype
     if grad_x_c is not None:
         grad_x_c[:] = g @ buf.w  # (n, D)
-    buf.accumulate(grad_w, g, x_c)  # (V, D)
+    if grad_w is not None:
+        buf.accumulate(grad_w, g, x_c)  # (V, D)
+
+
+def new_grads(ctx, x, weight, acc_dtype):
+    """dL/dx (N, D), filled chunk by chunk, and a zeroed dL/dW (V, D) that sums over the chunks (so in fp32 even
+    for a bf16 weight); None for an input that needs no gradient."""
+    grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+    need_w = ctx.needs_input_grad[1]
+    return grad_x, torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, acc_dtype)) if need_w else None
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -124,8 +137,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         x, weight, safe, valid, lse = ctx.saved_tensors
         # (N,) 0 at ignored tokens, even where grad_loss is inf or NaN (a "mean" over no token divides by 0)
         scale = torch.where(valid, grad_loss, 0.0).to(lse.dtype)
-        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None  # (N, D)
-        grad_w = torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, lse.dtype))  # (V, D)
+        grad_x, grad_w = new_grads(ctx, x, weight, lse.dtype)  # (N, D), (V, D)
         with torch.autocast(x.device.type, enabled=False):
             buf = Buffers(min(ctx.chunk, len(x)), weight, ctx.dtype, lse.dtype)
             for c in range(0, len(x), ctx.chunk):
@@ -134,8 +146,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                 probs = buf.logits(x_c).sub_(lse[at, None]).exp_()  # (n, V) recomputed softmax
                 chunk_backward(buf, probs, x_c, safe[at], scale[at, None], None if grad_x is None else grad_x[at],
                                grad_w)
-        grad_w = grad_w.to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_w, None, None, None, None
+        return grad_x, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
 class LinearCrossEntropyEager(torch.autograd.Function):
@@ -156,8 +167,7 @@ class LinearCrossEntropyEager(torch.autograd.Function):
         if mean:
             scale /= count.clamp(min=1)  # gradients 0, not NaN, when every target is ignored (as F.cross_entropy)
         loss = x.new_empty(len(x), dtype=acc_dtype)  # (N,)
-        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None  # (N, D)
-        grad_w = torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, acc_dtype))  # (V, D)
+        grad_x, grad_w = new_grads(ctx, x, weight, acc_dtype)  # (N, D), (V, D)
         with torch.autocast(x.device.type, enabled=False):
             buf = Buffers(min(chunk, len(x)), weight, dtype, acc_dtype)
             for c in range(0, len(x), chunk):
@@ -166,7 +176,7 @@ class LinearCrossEntropyEager(torch.autograd.Function):
                 _, loss[at], denominator = chunk_forward(buf, x_c, safe[at], valid[at])
                 probs = buf.z[:len(x_c)].div_(denominator)  # (n, V) softmax, from exp(z - max)
                 chunk_backward(buf, probs, x_c, safe[at], scale[at], None if grad_x is None else grad_x[at], grad_w)
-        ctx.save_for_backward(grad_x, grad_w.to(weight.dtype) if ctx.needs_input_grad[1] else None)
+        ctx.save_for_backward(grad_x, None if grad_w is None else grad_w.to(weight.dtype))
         return loss.sum() / count if mean else loss.sum()  # 0 / 0 = NaN when every target is ignored
 
     @staticmethod
@@ -183,7 +193,7 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
 
     x: (..., D) final hidden states, weight: (V, D) the head (tied to an embedding or not: gradients reach the
     Parameter through autograd as usual), targets: (...) ids, ignore_index where a token does not count.
-    chunk_size: tokens per chunk (default: default_chunk_size(V), ~32 MiB of fp32 logits).
+    chunk_size: tokens per chunk (default: default_chunk_size(V), ~256 MiB of fp32 logits).
     reduction: "mean" over counted tokens (NaN when none counts, as F.cross_entropy), "sum", or "none": per-token
     losses shaped like targets, 0 at ignored tokens. The loss is fp32 (fp64 for fp64 inputs).
     recompute: how backward gets its gradients. False (and reduction "mean" or "sum", gradients wanted):
