@@ -45,10 +45,14 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="timed iterations per variant (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations per variant first")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure peak memory (a fresh process per variant and table)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
     args = p.parse_args(argv)
     args.tables = args.tables.split(",")
+    if not set(args.tables) <= set(SETUPS):
+        p.error(f"--tables={','.join(args.tables)}: choose among head, step")
     args.vocab_sizes = [int(v) for v in args.vocab_sizes.split(",")]
     args.variants = args.variants.split(",")
     for v in args.variants:
@@ -164,7 +168,7 @@ def table(name, V, args):
     print("| variant | ms | vs full | peak MiB | head MiB |\n|---|---:|---:|---:|---:|")
     rows = {}
     for v in args.variants:
-        peak, before = peak_memory_mib(name, V, v, args)
+        peak, before = peak_memory_mib(name, V, v, args) if args.memory else (float("nan"), float("nan"))
         rows[v] = {"ms": ms[v], "peak_mib": peak, "before_mib": before,
                    "over_full": ms[v] / ms["full"] if "full" in ms else float("nan")}
         own = f"{peak - before:,.0f}" if name == "head" else "-"

@@ -186,19 +186,24 @@ def test_bench_gpt_loss_equals_gpt_forward(embedding):
 
 
 def test_bench_head_runs(run_cli, tmp_path):
+    toy = ["--vocab_sizes=300", "--n_layer=1", "--n_embd=16", "--batch_size=2", "--block_size=8", "--repeats=1",
+           "--warmup=0", "--threads=1", "--variants=full,lean:4,recompute"]
     path = tmp_path / "head.json"
-    code, out, err = run_cli(bench_head.main, ["--vocab_sizes=300", "--n_layer=1", "--n_embd=16", "--batch_size=2",
-                                               "--block_size=8", "--repeats=1", "--warmup=0", "--threads=1",
-                                               "--variants=full,lean:4", f"--json={path}"])
+    code, out, err = run_cli(bench_head.main, toy + ["--no-memory", f"--json={path}"])
     assert code == 0, err
     assert "## head + loss alone" in out and "## training step of GPT tied" in out
     figures = json.loads(path.read_text())
     for name in ("head", "step"):
         rows = figures[name]["300"]
-        assert set(rows) == {"full", "lean:4"} and rows["full"]["over_full"] == 1.0
-        assert all(r["ms"] > 0 and r["peak_mib"] > r["before_mib"] > 0 for r in rows.values())
-    code, _, err = run_cli(bench_head.main, ["--variants=full:3"])
-    assert code == 2 and "--variants" in err
+        assert set(rows) == {"full", "lean:4", "recompute"} and rows["full"]["over_full"] == 1.0
+        assert all(r["ms"] > 0 for r in rows.values())
+    code, _, err = run_cli(bench_head.main, toy + ["--tables=head", "--variants=lean", f"--json={path}"])
+    assert code == 0, err
+    row = json.loads(path.read_text())["head"]["300"]["lean"]  # peak memory, from a fresh process
+    assert row["peak_mib"] > row["before_mib"] > 0
+    for bad in ("--variants=full:3", "--tables=gen"):
+        code, _, err = run_cli(bench_head.main, [bad])
+        assert code == 2 and bad.split("=")[0] in err
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
