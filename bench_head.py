@@ -72,8 +72,8 @@ def head_loss(variant, x, weight, targets):
 
 
 def gpt_loss(model, idx, targets, variant):
-    """GPT.forward(idx, targets)'s loss (leviathan.py, training path: no KV cache), with the head + loss computed
-    by `variant`. GPT.forward itself is left as it is; tests/test_lean_head.py checks that both agree."""
+    """GPT.forward(idx, targets)'s loss (leviathan.py, training path: no KV cache, no id check), with the head +
+    loss computed by `variant`. GPT.forward itself is left as it is; tests/test_lean_head.py checks that both agree."""
     T = idx.shape[1]
     x = model.drop(model.tok_emb(idx))  # (B, T, n_embd)
     cos, sin = model.rope_cos[:T], model.rope_sin[:T]
@@ -97,7 +97,8 @@ def head_setup(V, args):
 
 
 def step_setup(V, args):
-    """A GPT and its AdamW per variant (same init), one batch of uniform ids -> a training-step closure."""
+    """A GPT and its AdamW per variant (same init, built at the variant's first step, a warm-up one by default),
+    one batch of uniform ids -> a training-step closure."""
     config = Config(vocab_size=V, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                     n_embd=args.n_embd, embedding=args.embedding)
     gen = torch.Generator().manual_seed(args.seed)
