@@ -172,8 +172,8 @@ def table(name, V, args):
         peak, before = peak_memory_mib(name, V, v, args) if args.memory else (float("nan"), float("nan"))
         rows[v] = {"ms": ms[v], "peak_mib": peak, "before_mib": before,
                    "over_full": ms[v] / ms["full"] if "full" in ms else float("nan")}
-        own = f"{peak - before:,.0f}" if name == "head" else "-"
-        print(f"| {v} | {ms[v]:,.0f} | {rows[v]['over_full']:.2f} | {peak:,.0f} | {own} |")
+        own = f"{peak - before:,.0f}" if name == "head" and args.memory else "-"
+        print(f"| {v} | {ms[v]:,.0f} | {rows[v]['over_full']:.2f} | {f'{peak:,.0f}' if args.memory else '-'} | {own} |")
     return rows
 
 
