@@ -1,0 +1,228 @@
+"""Tests of lean_head.py: linear_cross_entropy equals F.cross_entropy on full logits, in value and gradients
+(float64, both backward modes, every reduction, ignored targets, a weight tied to an embedding, bf16 autocast,
+CUDA when there is one), and bench_head.py's gpt_loss equals GPT.forward's loss.
+Run:  python -m pytest -q tests/test_lean_head.py
+"""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bench_head
+import lean_head
+from lean_head import default_chunk_size, linear_cross_entropy
+from leviathan import GPT, Config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N, D, V = 37, 8, 50  # N not a multiple of the chunk sizes below: the last chunk is short
+F64 = dict(rtol=1e-10, atol=1e-12)
+
+
+def make(dtype=torch.float64, device="cpu", n_ignored=5, seed=0):
+    """Hidden states (N, D), head (V, D), targets (N,) with n_ignored of them -1, and an upstream gradient (N,)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, D, generator=gen, dtype=dtype).to(device).requires_grad_()
+    w = torch.randn(V, D, generator=gen, dtype=dtype).to(device).requires_grad_()
+    t = torch.randint(V, (N,), generator=gen)
+    t[torch.randperm(N, generator=gen)[:n_ignored]] = -1
+    return x, w, t.to(device), torch.randn(N, generator=gen, dtype=dtype).to(device)
+
+
+def loss_and_grads(loss_fn, x, w, t, upstream, reduction="mean"):
+    """(loss, dL/dx, dL/dW) with L = sum(loss * upstream) for "none", 1.7 * loss otherwise (not 1: a gradient
+    that ignores its incoming scale would pass with 1)."""
+    loss = loss_fn(x, w, t, reduction)
+    total = (loss * upstream).sum() if reduction == "none" else 1.7 * loss
+    return (loss, *torch.autograd.grad(total, (x, w)))
+
+
+def full(x, w, t, reduction="mean"):
+    logits = F.linear(x, w)  # (N, V); .float() as in GPT.forward would turn fp64 into fp32
+    return F.cross_entropy(logits if logits.dtype == torch.float64 else logits.float(), t, ignore_index=-1,
+                           reduction=reduction)
+
+
+def lean(chunk_size, recompute):
+    return lambda x, w, t, reduction="mean": linear_cross_entropy(x, w, t, chunk_size, reduction=reduction,
+                                                                  recompute=recompute)
+
+
+def assert_all_close(got, want, **tol):
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, equal_nan=True, **tol)
+
+
+def assert_bf16_close(got, want, loss_tol):
+    """(loss, dL/dx, dL/dW) under bf16 autocast: all fp32, as the inputs; gradients within bf16's precision
+    (dL/dW: ours sums the chunks in fp32, the full path rounds its one product to bf16)."""
+    assert all(g.dtype == torch.float32 for g in got)
+    torch.testing.assert_close(got[0], want[0], rtol=loss_tol, atol=loss_tol)
+    for g, ref in zip(got[1:], want[1:], strict=True):
+        torch.testing.assert_close(g, ref, rtol=2e-2, atol=1e-2 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("chunk_size", [1, 5, N, 1000])
+def test_equals_full_cross_entropy_float64(chunk_size, reduction, recompute):
+    x, w, t, up = make()
+    assert_all_close(loss_and_grads(lean(chunk_size, recompute), x, w, t, up, reduction),
+                     loss_and_grads(full, x, w, t, up, reduction), **F64)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_wrong_gradient_is_caught(monkeypatch, recompute):
+    """The comparison above can fail: a softmax off by one part in a million in backward is detected."""
+    x, w, t, up = make()
+    want = loss_and_grads(full, x, w, t, up)
+    original = lean_head.chunk_backward
+
+    def slightly_wrong(buf, probs, *rest):
+        return original(buf, probs.mul_(1 + 1e-6), *rest)
+
+    monkeypatch.setattr(lean_head, "chunk_backward", slightly_wrong)
+    with pytest.raises(AssertionError):
+        assert_all_close(loss_and_grads(lean(5, recompute), x, w, t, up), want, **F64)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_every_target_ignored(reduction, recompute):
+    """As F.cross_entropy: NaN for the mean over no token (0 / 0), 0 for sum and none; gradients 0, not NaN."""
+    x, w, t, up = make(n_ignored=N)
+    got = loss_and_grads(lean(5, recompute), x, w, t, up, reduction)
+    assert_all_close(got, loss_and_grads(full, x, w, t, up, reduction), **F64)
+    assert got[0].isnan().all() if reduction == "mean" else (got[0] == 0).all()
+    assert (got[1] == 0).all() and (got[2] == 0).all()
+
+
+def test_gradients_computed_in_forward_are_not_used_twice():
+    """The default path scales its saved gradients in place, so a second backward must raise, not be wrong."""
+    x, w, t, _ = make()
+    loss = linear_cross_entropy(x, w, t, 5)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="inplace"):
+        loss.backward()
+
+
+def test_per_token_losses_keep_the_targets_shape():
+    x, w, t, _ = make()
+    per_token = linear_cross_entropy(x.view(1, N, D), w, t.view(1, N), reduction="none")  # (B, T, D) input
+    assert per_token.shape == (1, N)
+    torch.testing.assert_close(per_token.view(N), full(x, w, t, "none"), **F64)
+    assert (per_token.view(N)[t == -1] == 0).all() and (per_token.view(N)[t != -1] > 0).all()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_weight_tied_to_an_embedding(recompute):
+    """The head is the embedding table: dL/dW is the sum of both uses, through the one Parameter."""
+    x, w, t, _ = make()
+    ids = t.clamp(min=0)
+
+    def grad_of_table(head_loss):
+        table = torch.nn.Embedding(V, D, dtype=torch.float64)
+        table.weight.data.copy_(w.detach())
+        h = torch.tanh(table(ids) + x.detach())  # (N, D) the table read at the input ...
+        head_loss(h, table.weight, t).backward()  # ... and used as the head
+        return table.weight.grad
+
+    torch.testing.assert_close(grad_of_table(lean(5, recompute)), grad_of_table(full), **F64)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_only_what_needs_a_gradient_gets_one(recompute):
+    x, w, t, _ = make()
+    frozen = w.detach()
+    got = torch.autograd.grad(linear_cross_entropy(x, frozen, t, 5, recompute=recompute), x)[0]
+    torch.testing.assert_close(got, torch.autograd.grad(full(x, frozen, t), x)[0], **F64)
+    frozen_x = x.detach()
+    got = torch.autograd.grad(linear_cross_entropy(frozen_x, w, t, 5, recompute=recompute), w)[0]
+    torch.testing.assert_close(got, torch.autograd.grad(full(frozen_x, w, t), w)[0], **F64)
+    with torch.no_grad():  # no gradient wanted: the recomputing path, which keeps only N floats
+        loss = linear_cross_entropy(x, w, t, 5)
+    assert loss.grad_fn is None
+    torch.testing.assert_close(loss, full(x, w, t), **F64)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_bf16_autocast_cpu(recompute):
+    """Matmuls in bf16 as under F.linear, the log-sum-exp in fp32: near the full path under the same autocast,
+    nearer to it than to the fp32 loss; loss and gradients fp32, like the inputs."""
+    x, w, t, up = make(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = loss_and_grads(lean(5, recompute), x, w, t, up)
+        want = loss_and_grads(full, x, w, t, up)
+    assert_bf16_close(got, want, loss_tol=1e-5)  # the same bf16 logits, then fp32: the same loss
+    fp32_loss = full(x, w, t)
+    assert (got[0] - want[0]).abs() < (fp32_loss - want[0]).abs()
+
+
+def test_default_chunk_size_and_bad_arguments():
+    assert default_chunk_size(50257) == 1335 and default_chunk_size(10**9) == 16
+    x, w, t, _ = make()
+    with pytest.raises(ValueError, match="reduction"):
+        linear_cross_entropy(x, w, t, reduction="avg")
+    with pytest.raises(ValueError, match="chunk_size"):
+        linear_cross_entropy(x, w, t, chunk_size=0)
+    with pytest.raises(TypeError, match="float32"):
+        linear_cross_entropy(x, w.float(), t)
+
+
+@pytest.mark.parametrize("embedding", ["tied", "lev"])
+def test_bench_gpt_loss_equals_gpt_forward(embedding):
+    """bench_head.gpt_loss reproduces GPT.forward's body: "full" gives its loss exactly, lean ones the same."""
+    torch.manual_seed(0)
+    model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16, embedding=embedding))
+    idx, targets = torch.randint(61, (2, 16)), torch.randint(61, (2, 16))
+    targets[0, :3] = -1
+    want = model(idx, targets)[1]
+    assert torch.equal(bench_head.gpt_loss(model, idx, targets, "full"), want)
+    for variant in ("lean", "lean:5", "recompute:7"):
+        torch.testing.assert_close(bench_head.gpt_loss(model, idx, targets, variant), want)
+
+
+def test_bench_head_runs(run_cli, tmp_path):
+    toy = ["--vocab_sizes=300", "--n_layer=1", "--n_embd=16", "--batch_size=2", "--block_size=8", "--repeats=1",
+           "--warmup=0", "--threads=1", "--variants=full,lean:4,recompute"]
+    path = tmp_path / "head.json"
+    code, out, err = run_cli(bench_head.main, toy + ["--no-memory", f"--json={path}"])
+    assert code == 0, err
+    assert "## head + loss alone" in out and "## training step of GPT tied" in out
+    figures = json.loads(path.read_text())
+    for name in ("head", "step"):
+        rows = figures[name]["300"]
+        assert set(rows) == {"full", "lean:4", "recompute"} and rows["full"]["over_full"] == 1.0
+        assert all(r["ms"] > 0 for r in rows.values())
+    code, _, err = run_cli(bench_head.main, toy + ["--tables=head", "--variants=lean", f"--json={path}"])
+    assert code == 0, err
+    row = json.loads(path.read_text())["head"]["300"]["lean"]  # peak memory, from a fresh process
+    assert row["peak_mib"] > row["before_mib"] > 0
+    for bad in ("--variants=full:3", "--tables=gen"):
+        code, _, err = run_cli(bench_head.main, [bad])
+        assert code == 2 and bad.split("=")[0] in err
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("recompute", [False, True])
+def test_cuda_float32(recompute, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # exact fp32 matmuls on both paths
+    x, w, t, up = make(torch.float32, "cuda")
+    assert_all_close(loss_and_grads(lean(5, recompute), x, w, t, up),
+                     loss_and_grads(full, x, w, t, up), rtol=1e-4, atol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("recompute", [False, True])
+def test_cuda_bf16_autocast(recompute):
+    x, w, t, up = make(torch.float32, "cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = loss_and_grads(lean(5, recompute), x, w, t, up)
+        want = loss_and_grads(full, x, w, t, up)
+    assert_bf16_close(got, want, loss_tol=1e-3)
