@@ -30,7 +30,7 @@ import torch
 
 import common
 from common import atomic_path, resolve_device
-from leviathan import EMBEDDINGS, GPT, LEV, Config, set_lev_runtime
+from leviathan import EMBEDDINGS, GPT, LEV, Config, set_runtime
 from prepare_data import load_meta, load_split
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--block_size", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--lev_chunk", type=int, default=64, help="ids per chunk of LEV's fast path")
+    p.add_argument("--heads", default="lean,full", help="table 1: the loss from the memory-lean head (lean, what "
+                   "train.py uses), from full logits (full), or both")
     p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=True,
                    help="table 1: torch.compile LEV's kernels (--no-lev_compile: eager); table 2 times both")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per arm (median reported)")
@@ -72,6 +74,9 @@ def parse_args(argv=None):
     args.tables = set(args.tables.split(","))
     if not args.tables <= {"train", "lev", "gen"}:
         p.error(f"--tables={','.join(sorted(args.tables))}: choose among train, lev, gen")
+    args.heads = [h.strip() for h in args.heads.split(",") if h.strip()]
+    if not args.heads or set(args.heads) - {"lean", "full"}:
+        p.error(f"--heads={','.join(args.heads)}: choose lean, full or both (comma-separated)")
     try:
         Config(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                n_embd=args.n_embd)  # the model's own checks, before any work
@@ -144,12 +149,12 @@ def batch_source(args):
     return vocab_size, get_batch, what
 
 
-def build(arm, vocab_size, args):
+def build(arm, vocab_size, args, head="lean"):
     torch.manual_seed(args.seed)
     config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                     n_embd=args.n_embd, embedding=arm)
     model = GPT(config).to(args.device)
-    set_lev_runtime(model, chunk=args.lev_chunk, compile=args.lev_compile)
+    set_runtime(model, lev_chunk=args.lev_chunk, lev_compile=args.lev_compile, lean_head=head == "lean")
     optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
     return model, optimizer
 
@@ -171,12 +176,12 @@ def backbone_flops_per_token(model):
     return 6 * model.param_report()["backbone"] + 12 * c.n_layer * c.block_size * c.n_embd
 
 
-def peak_memory_child(arm, args, queue):
+def peak_memory_child(arm, head, args, queue):
     """In a fresh process, this arm alone: two training steps, then the peak memory in MiB (CUDA: the most
     allocated; CPU: peak resident memory, VmHWM, as ru_maxrss would carry the parent's peak across exec)."""
     torch.set_num_threads(1)
     vocab_size, get_batch, _ = batch_source(args)
-    model, optimizer = build(arm, vocab_size, args)
+    model, optimizer = build(arm, vocab_size, args, head)
     gen = torch.Generator().manual_seed(args.seed)
     for _ in range(2):
         train_step(model, optimizer, *get_batch(gen), args)
@@ -188,13 +193,13 @@ def peak_memory_child(arm, args, queue):
     queue.put(int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def peak_memory_mib(arm, args):
+def peak_memory_mib(arm, head, args):
     """Peak memory of a training step of one arm, measured in a fresh process so that arms do not mix."""
     if args.device not in ("cpu", "cuda"):
         return float("nan")
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    child = ctx.Process(target=peak_memory_child, args=(arm, args, queue))
+    child = ctx.Process(target=peak_memory_child, args=(arm, head, args, queue))
     child.start()
     peak = queue.get()
     child.join()
@@ -207,10 +212,13 @@ def train_table(args, results):
           f"{args.n_layer} layers x {args.n_head} heads x {args.n_embd}, {args.device} {args.dtype}"
           f"{' compiled' if args.compile else ''}, LEV kernels {'compiled' if args.lev_compile else 'eager'}"
           f"\nbatches: {what}")
-    models = {arm: build(arm, vocab_size, args) for arm in args.arms}  # arm -> (model, optimizer)
-    steppers = {arm: (torch.compile(m) if args.compile else m, opt) for arm, (m, opt) in models.items()}
+    # each arm with each head: "tied" (the lean head, what train.py uses), "tied (full head)", ...
+    variants = {arm if head == "lean" else f"{arm} (full head)": (arm, head)
+                for arm in args.arms for head in args.heads}
+    models = {key: build(arm, vocab_size, args, head) for key, (arm, head) in variants.items()}  # (model, optimizer)
+    steppers = {key: (torch.compile(m) if args.compile else m, opt) for key, (m, opt) in models.items()}
     gen = torch.Generator().manual_seed(args.seed)
-    times = {arm: [] for arm in args.arms}
+    times = {key: [] for key in variants}
     distinct = []
     for i in range(args.warmup + args.steps):
         x, y = get_batch(gen)  # every arm gets the same batch
@@ -220,19 +228,19 @@ def train_table(args, results):
             if i >= args.warmup:
                 times[arm].append(t)
     print(f"distinct ids per batch: {statistics.median(distinct):.0f} of {args.batch_size * args.block_size}\n")
-    print("| arm | params (input / backbone / head) | ms/step | tokens/s | peak memory (MiB) | vs tied |")
+    print("| arm | params (input / backbone / head) | ms/step | tokens/s | peak memory (MiB) | vs tied, same head |")
     print("|---|---|---:|---:|---:|---:|")
-    ref = statistics.median(times["tied"]) if "tied" in times else None
     rows = {}
-    for arm in steppers:
-        ms = statistics.median(times[arm]) * 1000
-        mem = peak_memory_mib(arm, args)
-        rep = models[arm][0].param_report()
-        ratio = ms / (ref * 1000) if ref else float("nan")
-        rows[arm] = {"params": rep, "ms_per_step": ms, "tokens_per_s": args.batch_size * args.block_size / ms * 1e3,
-                     "peak_memory_mib": mem, "over_tied": ratio}
-        print(f"| {arm} | {rep['input_embedding']:,} / {rep['backbone']:,} / {rep['head']:,} | {ms:.0f} | "
-              f"{rows[arm]['tokens_per_s']:,.0f} | {mem:,.0f} | {ratio:.3f} |")
+    for key, (arm, head) in variants.items():
+        ms = statistics.median(times[key]) * 1000
+        tied = "tied" if head == "lean" else "tied (full head)"
+        ratio = ms / (statistics.median(times[tied]) * 1000) if tied in times else float("nan")
+        mem = peak_memory_mib(arm, head, args)
+        rep = models[key][0].param_report()
+        rows[key] = {"params": rep, "head": head, "ms_per_step": ms, "peak_memory_mib": mem, "over_tied": ratio,
+                     "tokens_per_s": args.batch_size * args.block_size / ms * 1e3}
+        print(f"| {key} | {rep['input_embedding']:,} / {rep['backbone']:,} / {rep['head']:,} | {ms:.0f} | "
+              f"{rows[key]['tokens_per_s']:,.0f} | {mem:,.0f} | {ratio:.3f} |")
     if args.device == "cuda":
         peak = 989e12  # H100/H200 dense bf16 tensor-core peak; other GPUs: scale by their own
         for arm, row in rows.items():

@@ -23,7 +23,7 @@ import torch
 
 import common
 import prepare_data
-from leviathan import set_lev_runtime
+from leviathan import set_runtime
 
 SEPARATOR = "---------------"
 
@@ -164,7 +164,7 @@ def main(argv=None):
 
     # the caches are GPT.stream's: use_cache (KV) and lev_cache (each id's LEV embedding computed once per call)
     is_lev = model.config.embedding == "lev"
-    set_lev_runtime(model, compile=False)  # LEV's kernels compile for training only; generation meets each id once
+    set_runtime(model, lev_compile=False)  # LEV's kernels compile for training only; generation meets each id once
     if device == "cpu":
         torch.set_num_threads(args.threads or common.pick_threads(model.param_report()["total"]))
     if args.compile:

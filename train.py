@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 import prepare_data
-from leviathan import EMBEDDINGS, GPT, Config, set_lev_runtime
+from leviathan import EMBEDDINGS, GPT, Config, set_runtime
 
 # ----------------------------------------------------------------------------------------------------------
 # Settings: name -> (default, help). The model's come from leviathan.Config's fields, defaults and help.
@@ -65,6 +65,8 @@ SETTINGS = {
     # LEV's fast path: settings of the run, not of the model (they change speed and memory, not results)
     "lev_chunk": (64, "LEV: ids computed together (memory and speed only); 64 suits a CPU, more a GPU"),
     "lev_compile": (True, "LEV: torch.compile its two kernels (speed only, not results)"),
+    "lean_head": (True, "the loss from the memory-lean head: logits a chunk of tokens at a time (memory and speed "
+                        "only, not results)"),
     # optimization
     "batch_size": (64, "sequences per micro-step, per process"),
     "gradient_accumulation_steps": (1, "micro-steps per optimizer step, over all processes together"),
@@ -419,7 +421,8 @@ class Trainer:
         freeze(self.model, set(filter(None, s["freeze"].split(","))))
         if not any(p.requires_grad for p in self.model.parameters()):
             raise SettingsError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
-        set_lev_runtime(self.model, chunk=s["lev_chunk"], compile=s["lev_compile"])
+        set_runtime(self.model, lev_chunk=s["lev_chunk"], lev_compile=s["lev_compile"],
+                    lean_head=s["lean_head"])
         self.model.to(procs.device)
         self.optimizer = self.model.configure_optimizers(s["weight_decay"], s["learning_rate"],
                                                          (s["beta1"], s["beta2"]), procs.device.type)

@@ -25,8 +25,9 @@ def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
         assert heading in out
     figures = json.loads((tmp_path / "figures.json").read_text())
     train = figures["train"]
-    assert set(train) == {"tied", "untied", "lev"}
-    assert train["tied"]["over_tied"] == 1.0 and figures["lev_over_tied"] == train["lev"]["over_tied"] > 0
+    assert set(train) == {"tied", "untied", "lev", "tied (full head)", "untied (full head)", "lev (full head)"}
+    assert train["tied"]["over_tied"] == train["tied (full head)"]["over_tied"] == 1.0  # each head against its tied
+    assert figures["lev_over_tied"] == train["lev"]["over_tied"] > 0 and train["lev"]["head"] == "lean"
     for row in train.values():
         assert row["ms_per_step"] > 0 and row["tokens_per_s"] > 0 and row["peak_memory_mib"] > 0
     assert train["lev"]["params"]["input_embedding"] == lev_param_count(300, 16)

@@ -1,19 +1,15 @@
-"""Tests of lean_head.py: linear_cross_entropy equals F.cross_entropy on full logits, in value and gradients
-(float64, both backward modes, every reduction, ignored targets, a weight tied to an embedding, bf16 autocast,
-CUDA when there is one), and bench_head.py's gpt_loss equals GPT.forward's loss.
+"""Tests of the memory-lean head (leviathan.py, section 5): linear_cross_entropy equals F.cross_entropy on full
+logits, in value and gradients (float64, both backward modes, every reduction, ignored targets, a weight tied to an
+embedding, bf16 autocast, CUDA when there is one), and GPT.forward with lean_head on equals it with lean_head off.
 Run:  python -m pytest -q tests/test_lean_head.py
 """
-
-import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import bench_head
-import lean_head
-from lean_head import default_chunk_size, linear_cross_entropy
-from leviathan import GPT, Config
+import leviathan as lean_head  # the lean head's pieces, by the name of their section
+from leviathan import GPT, Config, default_chunk_size, linear_cross_entropy, set_runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -172,38 +168,26 @@ def test_default_chunk_size_and_bad_arguments():
         linear_cross_entropy(x, w.float(), t)
 
 
-@pytest.mark.parametrize("embedding", ["tied", "lev"])
-def test_bench_gpt_loss_equals_gpt_forward(embedding):
-    """bench_head.gpt_loss reproduces GPT.forward's body: "full" gives its loss exactly, lean ones the same."""
+@pytest.mark.parametrize("embedding", ["tied", "untied", "lev"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_gpt_forward_with_the_lean_head_equals_the_full_head(embedding, reduction):
+    """The model's loss and every parameter's gradient, lean head on against off (float64)."""
     torch.manual_seed(0)
-    model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16, embedding=embedding))
+    model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16, embedding=embedding,
+                       lev_seed_dim=16, lev_heads=2, lev_rank=8)).double()
     idx, targets = torch.randint(61, (2, 16)), torch.randint(61, (2, 16))
     targets[0, :3] = -1
-    want = model(idx, targets)[1]
-    assert torch.equal(bench_head.gpt_loss(model, idx, targets, "full"), want)
-    for variant in ("lean", "lean:5", "recompute:7"):
-        torch.testing.assert_close(bench_head.gpt_loss(model, idx, targets, variant), want)
-
-
-def test_bench_head_runs(run_cli, tmp_path):
-    toy = ["--vocab_sizes=300", "--n_layer=1", "--n_embd=16", "--batch_size=2", "--block_size=8", "--repeats=1",
-           "--warmup=0", "--threads=1", "--variants=full,lean:4,recompute"]
-    path = tmp_path / "head.json"
-    code, out, err = run_cli(bench_head.main, toy + ["--no-memory", f"--json={path}"])
-    assert code == 0, err
-    assert "## head + loss alone" in out and "## training step of GPT tied" in out
-    figures = json.loads(path.read_text())
-    for name in ("head", "step"):
-        rows = figures[name]["300"]
-        assert set(rows) == {"full", "lean:4", "recompute"} and rows["full"]["over_full"] == 1.0
-        assert all(r["ms"] > 0 for r in rows.values())
-    code, _, err = run_cli(bench_head.main, toy + ["--tables=head", "--variants=lean", f"--json={path}"])
-    assert code == 0, err
-    row = json.loads(path.read_text())["head"]["300"]["lean"]  # peak memory, from a fresh process
-    assert row["peak_mib"] > row["before_mib"] > 0
-    for bad in ("--variants=full:3", "--tables=gen"):
-        code, _, err = run_cli(bench_head.main, [bad])
-        assert code == 2 and bad.split("=")[0] in err
+    results = []
+    for lean in (False, True):
+        set_runtime(model, lean_head=lean)
+        model.zero_grad(set_to_none=True)
+        logits, loss = model(idx, targets, reduction=reduction)
+        assert (logits is None) == lean  # the lean head never makes all the logits
+        (loss.sum() if reduction == "none" else loss).backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0], **F64)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, **F64)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
