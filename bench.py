@@ -36,7 +36,7 @@ from prepare_data import load_meta, load_split
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
 
-def parse_args(argv=None):
+def make_parser():
     p = common.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
@@ -66,6 +66,13 @@ def parse_args(argv=None):
     p.add_argument("--gen_tokens", type=int, default=500)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
+    return p
+
+
+def parse_args(argv=None):
+    """The flags, checked before any work: arms, tables, heads, numbers, sizes (leviathan.Config's own checks),
+    the device, --json's folder, and whether the data can serve the batches."""
+    p = make_parser()
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.embedding.split(",") if a.strip()]
     bad = [a for a in args.arms if a not in EMBEDDINGS]

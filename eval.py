@@ -430,13 +430,11 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-
-    # load every checkpoint first, so that a mismatch is refused before any time is spent evaluating
+def load_runs(dirs, device):
+    """Every checkpoint, loaded first so that a mismatch is refused before any time is spent evaluating ->
+    (arms [(dir, model, ckpt)], identity of their data)."""
     arms = []
-    for d in args.dirs:
+    for d in dirs:
         try:
             model, ckpt = load_checkpoint(d, device)
         except (FileNotFoundError, ValueError) as e:
@@ -451,10 +449,14 @@ def main(argv=None):
             fail(f"{first_dir} was trained on dataset {want[0]!r} (tokenizer {want[1]}, vocab {want[2]}) but {d} "
                  f"on {got[0]!r} (tokenizer {got[1]}, vocab {got[2]}); compare checkpoints of one dataset and "
                  f"tokenizer only")
-
     if not isinstance(want[0], str) or not want[0]:
         fail(f"{first_dir}: its dataset name {want[0]!r} is not a folder name; the checkpoint was edited or damaged")
-    data_dir = os.path.join(args.data_dir, want[0])
+    return arms, want
+
+
+def load_data(data_root, want):
+    """The dataset the runs were trained on -> (data_dir, meta, val split, train split), checked against them."""
+    data_dir = os.path.join(data_root, want[0])
     try:
         meta = load_meta(data_dir)
         val, train = load_split(data_dir, "val"), load_split(data_dir, "train")
@@ -464,56 +466,52 @@ def main(argv=None):
     if got != want:
         fail(f"{data_dir} holds dataset {got[0]!r} (tokenizer {got[1]}, vocab {got[2]}) but the checkpoints were "
              f"trained on {want[0]!r} (tokenizer {want[1]}, vocab {want[2]}); prepare it again or fix --data_dir")
-
     if len(val) and int(np.max(val)) >= meta["vocab_size"]:
         fail(f"{data_dir}/val.bin holds ids >= vocab_size {meta['vocab_size']}; prepare the dataset again")
-    counts = train_counts(train, meta["vocab_size"])
+    return data_dir, meta, val, train
+
+
+def load_text_tasks(args, meta, data_dir, val, arms):
+    """The last-word passages of the val text and the --task files, read before any arm is evaluated, so that a
+    bad file costs no time -> (passages, task_sets)."""
     passages, task_sets = [], []
-    if args.lambada_max or args.task:
-        try:
-            tokenizer = get_tokenizer(meta)
-        except Exception as e:  # a tiktoken file that cannot be fetched offline, an unknown encoding, ...
-            fail(f"cannot build the tokenizer {meta.get('tokenizer')!r} of {data_dir} for the last-word task "
-                 f"and --task ({type(e).__name__}: {e}); or skip them with --lambada_max=0 and no --task")
+    if not (args.lambada_max or args.task):
+        return passages, task_sets
+    try:
+        tokenizer = get_tokenizer(meta)
+    except Exception as e:  # a tiktoken file that cannot be fetched offline, an unknown encoding, ...
+        fail(f"cannot build the tokenizer {meta.get('tokenizer')!r} of {data_dir} for the last-word task "
+             f"and --task ({type(e).__name__}: {e}); or skip them with --lambada_max=0 and no --task")
     if args.lambada_max:
         passages = lambada_passages(tokenizer.decode(np.asarray(val).tolist()), tokenizer, args.lambada_max)
-    if args.task:
-        try:  # before any arm is evaluated, so that a bad file costs no time
-            task_sets = tasks.load_tasks(args.task, tokenizer, args.task_max,
-                                         min(model.config.block_size for _, model, _ in arms))
-        except ValueError as e:
-            fail(str(e))
-    curves = []
-    for d, _, _ in arms:
-        try:
-            curves.append(read_curve(d))
-        except ValueError as e:
-            fail(str(e))
-    target_loss, efficiency = token_efficiency(curves)
+    try:
+        task_sets = tasks.load_tasks(args.task, tokenizer, args.task_max,
+                                     min(model.config.block_size for _, model, _ in arms)) if args.task else []
+    except ValueError as e:
+        fail(str(e))
+    return passages, task_sets
 
-    results = []
-    names = labels(args.dirs, [ckpt["model_config"]["embedding"] for _, _, ckpt in arms])
-    for i, (d, model, ckpt) in enumerate(arms):
-        try:
-            losses, targets = evaluate_tokens(model, val, args.batch_size, device)
-        except ValueError as e:
-            fail(str(e))
-        val_loss = float(np.mean(losses, dtype=np.float64))
-        if not math.isfinite(val_loss):
-            fail(f"{d} gives a val loss of {val_loss} (its weights overflow on this data); use an earlier checkpoint")
-        results.append({
-            "label": names[i], "dir": d, "embedding": ckpt["model_config"]["embedding"],
+
+def evaluate_run(d, model, ckpt, label, val, counts, passages, task_sets, args, device):
+    """Every measurement of one run, as one result dict (token efficiency and the curve are added by main)."""
+    try:
+        losses, targets = evaluate_tokens(model, val, args.batch_size, device)
+    except ValueError as e:
+        fail(str(e))
+    val_loss = float(np.mean(losses, dtype=np.float64))
+    if not math.isfinite(val_loss):
+        fail(f"{d} gives a val loss of {val_loss} (its weights overflow on this data); use an earlier checkpoint")
+    print(f"evaluated {d}: val loss {val_loss:.4f}", file=sys.stderr)  # progress, while the tables wait
+    return {"label": label, "dir": d, "embedding": ckpt["model_config"]["embedding"],
             "model_config": ckpt["model_config"], "step": ckpt.get("step"), "tokens_seen": ckpt.get("tokens_seen"),
             "params": model.param_report(), "val_targets": len(targets), "val_loss": val_loss,
             "val_ppl": math.exp(val_loss), "buckets": bucket_stats(losses, targets, counts),
-            "token_efficiency": efficiency[i] if efficiency else {"final_val_loss": None, "tokens_to_reach": None,
-                                                                  "fewer_tokens": None},
             "lambada": lambada_eval(model, passages, args.batch_size, device) if args.lambada_max else None,
-            "curve": curves[i], "origin": ckpt.get("origin"),
-            "tasks": tasks.score_tasks(model, task_sets, args.batch_size, device),
-        })
-        print(f"evaluated {d}: val loss {val_loss:.4f}", file=sys.stderr)  # progress, while the tables wait
+            "origin": ckpt.get("origin"), "tasks": tasks.score_tasks(model, task_sets, args.batch_size, device)}
 
+
+def write_outputs(args, results, target_loss, data_dir, want, task_sets):
+    """The tables on stdout; --json and --plot."""
     print(report(results, target_loss, data_dir))
     for r in results:
         if r["origin"]:
@@ -523,8 +521,8 @@ def main(argv=None):
         print("\n" + tasks.report(task_sets, [(r["label"], r["tasks"]) for r in results]))
     if args.json:
         write_json({"data_dir": data_dir, "dataset": want[0], "tokenizer": want[1], "buckets": list(BUCKETS),
-                    "baseline": names[0], "baseline_final_val_loss": target_loss, "tasks": tasks.summary(task_sets),
-                    "arms": results}, args.json)
+                    "baseline": results[0]["label"], "baseline_final_val_loss": target_loss,
+                    "tasks": tasks.summary(task_sets), "arms": results}, args.json)
         print(f"\nwrote {args.json}")
     if args.plot:
         plot(results, target_loss, args.plot)
@@ -533,6 +531,31 @@ def main(argv=None):
             task_plot = "{}_tasks{}".format(*os.path.splitext(args.plot))
             tasks.plot(task_sets, [(r["label"], r["tasks"]) for r in results], task_plot)
             print(f"wrote {task_plot}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    arms, want = load_runs(args.dirs, device)
+    data_dir, meta, val, train = load_data(args.data_dir, want)
+    counts = train_counts(train, meta["vocab_size"])
+    passages, task_sets = load_text_tasks(args, meta, data_dir, val, arms)
+    curves = []
+    for d, _, _ in arms:
+        try:
+            curves.append(read_curve(d))
+        except ValueError as e:
+            fail(str(e))
+    target_loss, efficiency = token_efficiency(curves)
+    names = labels(args.dirs, [ckpt["model_config"]["embedding"] for _, _, ckpt in arms])
+    results = []
+    for i, (d, model, ckpt) in enumerate(arms):
+        result = evaluate_run(d, model, ckpt, names[i], val, counts, passages, task_sets, args, device)
+        result["token_efficiency"] = efficiency[i] if efficiency else {"final_val_loss": None,
+                                                                      "tokens_to_reach": None, "fewer_tokens": None}
+        result["curve"] = curves[i]
+        results.append(result)
+    write_outputs(args, results, target_loss, data_dir, want, task_sets)
 
 
 if __name__ == "__main__":

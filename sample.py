@@ -125,22 +125,17 @@ def stream_text(tokenizer, ids):
         yield text[shown:]  # replacement characters the stream ended with are part of the decoded text too
 
 
-def main(argv=None):
-    """Run sample.py with the given arguments (sys.argv[1:] when None); return the samples' texts."""
-    args = parse_args(argv)
-    prompt = read_prompt(args.start)
-    device = pick_device(args.device)
-
-    # the model and its tokenizer, both from the checkpoint
-    if not os.path.isdir(args.out_dir):
-        fail(f"--out_dir={args.out_dir} does not exist; train a model first (python train.py ...) or fix --out_dir")
+def load_model(out_dir, device):
+    """The checkpoint's model and its tokenizer (characters or a tiktoken encoding, named in the checkpoint)."""
+    if not os.path.isdir(out_dir):
+        fail(f"--out_dir={out_dir} does not exist; train a model first (python train.py ...) or fix --out_dir")
     try:
-        model, ckpt = common.load_checkpoint(args.out_dir, device)
+        model, ckpt = common.load_checkpoint(out_dir, device)
     except (OSError, ValueError) as e:  # missing, unreadable, edited, diverged: the message says what to do
         fail(str(e))
     meta = ckpt["meta"]
     if "tokenizer" not in meta:
-        fail(f"the checkpoint in {args.out_dir} has no dataset metadata (meta) naming its tokenizer; retrain it "
+        fail(f"the checkpoint in {out_dir} has no dataset metadata (meta) naming its tokenizer; retrain it "
              f"with this version of train.py")
     try:
         tokenizer = prepare_data.get_tokenizer(meta)
@@ -149,21 +144,24 @@ def main(argv=None):
     if tokenizer.vocab_size != model.config.vocab_size:
         fail(f"the checkpoint's tokenizer {meta['tokenizer']!r} has {tokenizer.vocab_size} tokens but its model "
              f"has vocab_size={model.config.vocab_size}; the checkpoint is inconsistent")
+    return model, tokenizer
 
-    # the prompt, as the model will see it
+
+def encode_prompt(prompt, tokenizer, block_size, device):
+    """The prompt as the model will see it: (1, T) ids, cut to the last block_size tokens (with a note)."""
     try:
         prompt_ids = tokenizer.encode(prompt)
     except ValueError as e:  # e.g. characters a char-level vocabulary lacks (the tokenizer names them)
         fail(f"cannot encode the prompt: {e}")
-    block_size = model.config.block_size
     if len(prompt_ids) > block_size:
         print(f"sample.py: note: the prompt is {len(prompt_ids)} tokens, longer than block_size={block_size}; "
               f"the model sees only its last {block_size}", file=sys.stderr)
         prompt_ids = prompt_ids[-block_size:]
-    x = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    return torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
-    # the caches are GPT.stream's: use_cache (KV) and lev_cache (each id's LEV embedding computed once per call)
-    is_lev = model.config.embedding == "lev"
+
+def prepare_model(model, args, device):
+    """Run settings for generation: threads, LEV's kernels eager, optionally the whole model compiled."""
     set_runtime(model, lev_compile=False)  # LEV's kernels compile for training only; generation meets each id once
     if device == "cpu":
         torch.set_num_threads(args.threads or common.pick_threads(model.param_report()["total"]))
@@ -172,41 +170,58 @@ def main(argv=None):
         # would be a separate specialisation of one function and exhaust dynamo's recompile limit. LEV's
         # data-dependent lookups (torch.unique, the per-id cache) stay eager behind a graph break.
         model.compile()
-    torch.manual_seed(args.seed)  # seeds every device's generator
-    # bfloat16 autocast on CUDA, as nanoGPT; elsewhere full fp32 (sample_next works on fp32 logits either way)
-    autocast = common.autocast(device, "bfloat16" if device == "cuda" else "float32")
 
-    texts = []
-    t0 = time.perf_counter()
-    with autocast:
-        for i in range(args.num_samples):
-            if i == 1:
-                t1 = time.perf_counter()  # the first sample also pays for warm-up (and compilation)
-            sys.stdout.write(prompt)
-            sys.stdout.flush()
-            new_ids = (int(t) for t in model.stream(x, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                                    use_cache=not args.no_kv_cache, lev_cache=not args.no_lev_cache))
-            pieces = []
-            for piece in stream_text(tokenizer, new_ids):
-                sys.stdout.write(piece)
-                sys.stdout.flush()  # a person watches the text appear
-                pieces.append(piece)
-            texts.append(prompt + "".join(pieces))
-            sys.stdout.write(f"\n{SEPARATOR}\n")
-            sys.stdout.flush()
-    t2 = time.perf_counter()  # int(t) waits for each token, so no device sync is needed
 
-    # one line a measurement can be read from: tokens, seconds, tokens/s, and what was on
+def write_sample(model, tokenizer, prompt, x, args):
+    """One sample, written to stdout as its tokens arrive; returns its text (prompt included)."""
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    # the caches are GPT.stream's: use_cache (KV) and lev_cache (each id's LEV embedding computed once per call)
+    new_ids = (int(t) for t in model.stream(x, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                                            use_cache=not args.no_kv_cache, lev_cache=not args.no_lev_cache))
+    pieces = []
+    for piece in stream_text(tokenizer, new_ids):
+        sys.stdout.write(piece)
+        sys.stdout.flush()  # a person watches the text appear
+        pieces.append(piece)
+    sys.stdout.write(f"\n{SEPARATOR}\n")
+    sys.stdout.flush()
+    return prompt + "".join(pieces)
+
+
+def report_speed(args, model, device, seconds, seconds_after_first):
+    """One line a measurement can be read from: tokens, seconds, tokens/s, and what was on."""
     n_tokens = args.num_samples * args.max_new_tokens
-    rate = f"{n_tokens} tokens in {t2 - t0:.2f} s = {n_tokens / max(t2 - t0, 1e-9):.1f} tokens/s"
+    rate = f"{n_tokens} tokens in {seconds:.2f} s = {n_tokens / max(seconds, 1e-9):.1f} tokens/s"
     if args.num_samples > 1:
         rest = (args.num_samples - 1) * args.max_new_tokens
-        rate += f" ({rest / max(t2 - t1, 1e-9):.1f} tokens/s after the first sample)"
+        rate += f" ({rest / max(seconds_after_first, 1e-9):.1f} tokens/s after the first sample)"
     kv_state = "off" if args.no_kv_cache else "on"
+    is_lev = model.config.embedding == "lev"
     lev_state = ("off" if args.no_lev_cache else "on") if is_lev else f"n/a ({model.config.embedding} arm)"
     print(f"sample.py: {rate}; {args.num_samples} x {args.max_new_tokens} new tokens, kv_cache={kv_state}, "
           f"lev_cache={lev_state}, device={device}, threads={torch.get_num_threads()}, "
           f"compile={'on' if args.compile else 'off'}", file=sys.stderr)
+
+
+def main(argv=None):
+    """Run sample.py with the given arguments (sys.argv[1:] when None); return the samples' texts."""
+    args = parse_args(argv)
+    prompt = read_prompt(args.start)
+    device = pick_device(args.device)
+    model, tokenizer = load_model(args.out_dir, device)
+    x = encode_prompt(prompt, tokenizer, model.config.block_size, device)
+    prepare_model(model, args, device)
+    torch.manual_seed(args.seed)  # seeds every device's generator
+    # bfloat16 autocast on CUDA, as nanoGPT; elsewhere full fp32 (sample_next works on fp32 logits either way)
+    texts, t0 = [], time.perf_counter()
+    with common.autocast(device, "bfloat16" if device == "cuda" else "float32"):
+        for i in range(args.num_samples):
+            if i == 1:
+                t1 = time.perf_counter()  # the first sample also pays for warm-up (and compilation)
+            texts.append(write_sample(model, tokenizer, prompt, x, args))
+    t2 = time.perf_counter()  # int(t) waits for each token, so no device sync is needed
+    report_speed(args, model, device, t2 - t0, t2 - t1 if args.num_samples > 1 else None)
     return texts
 
 
