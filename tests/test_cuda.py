@@ -33,20 +33,6 @@ ARMS = pytest.mark.parametrize("arm", leviathan.EMBEDDINGS)
 
 
 @pytest.fixture
-def exact_fp32():
-    """Plain fp32 matmuls (no TF32), so that fp32 comparisons mean fp32. train.py turns TF32 on for speed; the
-    flags are put back after each test, so that the files run after this one are unaffected. (Set by hand:
-    monkeypatch cannot undo these properties of torch.backends.)"""
-    flags = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32")]
-    saved = [getattr(module, name) for module, name in flags]
-    for module, name in flags:
-        setattr(module, name, False)
-    yield
-    for (module, name), value in zip(flags, saved, strict=True):
-        setattr(module, name, value)
-
-
-@pytest.fixture
 def compiling(monkeypatch):
     """torch.compile really on (the suite's stance is force_eager), with fresh compiled kernels, as in
     tests/test_compile.py."""

@@ -195,8 +195,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 @cuda
 @pytest.mark.parametrize("recompute", [False, True])
-def test_cuda_float32(recompute, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # exact fp32 matmuls on both paths
+@pytest.mark.usefixtures("exact_fp32")  # conftest.py: no TF32 on either path
+def test_cuda_float32(recompute):
     x, w, t, up = make(torch.float32, "cuda")
     assert_all_close(loss_and_grads(lean(5, recompute), x, w, t, up),
                      loss_and_grads(full, x, w, t, up), rtol=1e-4, atol=1e-5)
