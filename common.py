@@ -86,6 +86,16 @@ def pid_alive(pid):
     return True
 
 
+def save_figure(fig, path):
+    """Write a matplotlib figure as a PNG at path (atomically), and close it."""
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
 def check_output_file(path, flag):
     """Refuse, before any work is done, an output file that could not be written: an empty name, a directory,
     or a folder that cannot be created or written to. Raises ValueError naming the flag."""

@@ -354,10 +354,7 @@ def plot(results, target_loss, path):
              title="validation perplexity by token frequency")
     bars.legend(fontsize="small")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def write_json(obj, path):

@@ -37,7 +37,7 @@ from collections import namedtuple
 import numpy as np
 import torch
 
-from common import atomic_path
+import common
 
 TASK_FORMATS = """\
 task formats (--task=NAME:PATH; one JSON object per line, blank lines ignored):
@@ -466,7 +466,4 @@ def plot(tasks, arms, path):
     ax.set(ylabel="accuracy (95% interval)", ylim=(0, 1), title="zero-shot tasks")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)

@@ -84,6 +84,24 @@ def exact_fp32():
 
 
 @pytest.fixture
+def compiling(monkeypatch):
+    """torch.compile really on (the suite's stance is force_eager), with fresh compiled kernels for each test
+    (LEV's cache of compiled kernels and of compile failures is emptied; dynamo's counters too, so that a test can
+    check that it really compiled)."""
+    from torch._dynamo.utils import counters
+
+    import leviathan
+
+    monkeypatch.setattr(leviathan, "_compiled_kernels", {})
+    monkeypatch.setattr(leviathan, "_compile_failures", {})
+    torch.compiler.reset()
+    counters.clear()
+    with torch.compiler.set_stance("default"):
+        yield
+    torch.compiler.reset()
+
+
+@pytest.fixture
 def text():
     return make_text()
 

@@ -25,16 +25,7 @@ needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c+
                                     reason="no C++ compiler for torch.compile's CPU backend")
 
 
-@pytest.fixture(autouse=True)
-def compiling(monkeypatch):
-    """torch.compile on, with fresh compiled kernels for each test."""
-    monkeypatch.setattr(leviathan, "_compiled_kernels", {})
-    monkeypatch.setattr(leviathan, "_compile_failures", {})
-    torch.compiler.reset()
-    counters.clear()
-    with torch.compiler.set_stance("default"):
-        yield
-    torch.compiler.reset()
+pytestmark = pytest.mark.usefixtures("compiling")  # conftest.py: torch.compile really on, fresh kernels
 
 
 def make_lev(dtype, compile=True, normalize=True):

@@ -32,19 +32,6 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
 ARMS = pytest.mark.parametrize("arm", leviathan.EMBEDDINGS)
 
 
-@pytest.fixture
-def compiling(monkeypatch):
-    """torch.compile really on (the suite's stance is force_eager), with fresh compiled kernels, as in
-    tests/test_compile.py."""
-    monkeypatch.setattr(leviathan, "_compiled_kernels", {})
-    monkeypatch.setattr(leviathan, "_compile_failures", {})
-    torch.compiler.reset()
-    counters.clear()
-    with torch.compiler.set_stance("default"):
-        yield
-    torch.compiler.reset()
-
-
 def lev_warnings(caught):
     return [str(w.message) for w in caught if str(w.message).startswith("LEV:")]
 
