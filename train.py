@@ -279,7 +279,9 @@ def all_finite(model):
 
 def resolve_run(s, explicit):
     """Fill in out_dir, check it, and for a resumed run load the checkpoint and take its settings (files and
-    flags on top). Returns the checkpoint (None for a scratch run)."""
+    flags on top). Returns the checkpoint to resume or fine-tune (None for a scratch run)."""
+    # a fine-tuning run takes its architecture from the source first, so that out_dir's {embedding} is the source's
+    source = read_source(s, explicit) if s["init_from"] not in ("scratch", "resume") else None
     try:  # e.g. out-{dataset}-{embedding}: one folder per arm, so arms do not overwrite each other
         fields = [field for _, field, _, _ in string.Formatter().parse(s["out_dir"]) if field is not None]
         if any(field not in SETTINGS for field in fields):  # no {dataset.upper} or {0}: plain names only
@@ -296,7 +298,10 @@ def resolve_run(s, explicit):
             raise SettingsError(f"{s['out_dir']} already holds a run ({' and '.join(held)}); continue it with "
                                 f"--init_from=resume, train into another --out_dir, or pass --overwrite to replace it")
         s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed now: a resume keeps this schedule
-        return None if s["init_from"] == "scratch" else read_source(s, explicit)
+        if source is not None and os.path.realpath(os.path.dirname(source["path"])) == os.path.realpath(s["out_dir"]):
+            raise SettingsError(f"--init_from={s['init_from']} is this run's own out_dir; fine-tune into another "
+                                f"--out_dir (or continue that run with --init_from=resume)")
+        return source
     ckpt, _ = common.read_checkpoint(ckpt_path, "cpu", for_resume=True)
     for key, value in ckpt["train_config"].items():
         if key in SETTINGS and key not in MODEL and key not in explicit and key not in ("out_dir", "init_from"):
@@ -315,9 +320,6 @@ def read_source(s, explicit):
     """The checkpoint a fine-tuning run starts from; its architecture becomes this run's (flags may change
     dropout only)."""
     source, path = common.read_checkpoint(s["init_from"], "cpu")
-    if os.path.realpath(os.path.dirname(path)) == os.path.realpath(s["out_dir"]):
-        raise SettingsError(f"--init_from={s['init_from']} is this run's own out_dir; fine-tune into another "
-                            f"--out_dir (or continue that run with --init_from=resume)")
     for key, value in source["model_config"].items():
         if key in MODEL and key in explicit and s[key] != value and key != "dropout":
             raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; fine-tuning keeps the "

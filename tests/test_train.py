@@ -290,6 +290,7 @@ def test_fine_tuning_starts_from_the_source_weights(tmp_path, two_bpe_datasets, 
     assert first["init_from"] == str(tmp_path / "src" / "ckpt.pt")
     ckpt = torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == 4 and ckpt["origin"]["dataset"] == "a" and ckpt["meta"]["dataset"] == "b"
+
     assert ckpt["optimizer"]["state"][0]["step"] == 4  # a fresh optimizer: only this run's steps
 
 
@@ -336,3 +337,15 @@ def test_fine_tuning_refuses_another_tokenizer_and_bad_freezes(tmp_path, two_bpe
     for args, message in cases:
         code, _, err = run_train(capsys, data, tmp_path / "ft", *args, dataset="a")
         assert code == 2 and err.count("\n") == 1 and message in err, (args, err)
+
+
+def test_a_fine_tuning_run_is_named_after_the_source_arm(tmp_path, two_bpe_datasets, capsys, monkeypatch):
+    """out_dir's default, out-{dataset}-{embedding}, names the source's arm: the architecture comes first."""
+    data = two_bpe_datasets
+    assert run_train(capsys, data, tmp_path / "src", "--max_iters=0", "--embedding=tied", dataset="a")[0] == 0
+    monkeypatch.chdir(tmp_path)
+    code = train.main([f"--data_dir={data}", "--dataset=b", f"--init_from={tmp_path / 'src'}", "--max_iters=0",
+                       "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--device=cpu",
+                       "--batch_size=4", "--eval_iters=1"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "out-b-tied" / "ckpt.pt").exists() and not (tmp_path / "out-b-lev").exists()
