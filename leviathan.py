@@ -510,8 +510,7 @@ def bspline_weights3(t, n_knots, normalize):
     gets weight 0 when normalize (it does not exist) and its w otherwise (S's zero padding cancels it); normalize
     then divides by W = sum(w), so dw becomes (dw - w dW / W) / W."""
     s = t * (n_knots - 1)
-    # a NaN t (weights that blew up) must not become a knot index far out of range: it gives NaN weights instead
-    j = torch.nan_to_num(s.round(), nan=0.0).clamp(0, n_knots - 1)
+    j = s.round()  # t must be finite (SplineProduct checks): a NaN would become a knot index far out of range
     f = s - j
     w = torch.stack([0.5 * (0.5 - f) ** 2, 0.75 - f * f, 0.5 * (0.5 + f) ** 2], dim=-1)
     dw = torch.stack([f - 0.5, -2.0 * f, 0.5 + f], dim=-1) * (n_knots - 1)
@@ -635,8 +634,12 @@ class SplineProduct(torch.autograd.Function):
         U, h, d = t.shape
         n_knots, r = S.shape[2:]
         S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
-        M = t.new_empty(U, h, r)
-        for c in range(0, U, chunk):
+        # Weights that diverged give non-finite coordinates. The modes are then NaN (so is the loss, and train.py
+        # stops cleanly) instead of a NaN becoming a knot index far out of range. Checked here, once, not inside
+        # the kernels: a guard there costs ~50% of their time under torch.compile.
+        ctx.finite = bool(torch.isfinite(t).all())
+        M = t.new_empty(U, h, r) if ctx.finite else t.new_full((U, h, r), float("nan"))
+        for c in range(0, U if ctx.finite else 0, chunk):
             t_chunk = t[c:c + chunk]
             sign, log_abs, normal = run_kernel(log_mode_chunk, t_chunk, S_padded, math.gcd(d, 8), normalize,
                                                compile=compile)
@@ -653,6 +656,9 @@ class SplineProduct(torch.autograd.Function):
         t, S_padded, M = ctx.saved_tensors
         h, d = t.shape[1:]
         n_padded, r = S_padded.shape[1:]
+        if not ctx.finite:
+            return torch.full_like(t, float("nan")), S_padded.new_full((h, d, n_padded - 2, r), float("nan")), \
+                None, None, None
         with torch.autocast(t.device.type, enabled=False):  # fp32 like the forward, even if called under autocast
             G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
             grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
