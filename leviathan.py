@@ -15,8 +15,10 @@ The file is one story, top to bottom; a reader who stops after section 3 has rea
        "tied"   one table, shared by input and head  (the usual baseline)
        "untied" a table and a separate head          (separates the effect of untying from that of LEV)
   4. LEV's fast path: the machinery that makes training fast (kernels, a custom autograd Function, their
-     torch.compile wrapper) and the per-call embedding cache of generation. Each piece is tested equal, in
-     float64 values and gradients, to the plain recipe it speeds up.
+     torch.compile wrapper) and the per-call embedding cache of generation;
+  5. the memory-lean head: the loss without ever holding all the logits.
+Each piece of 4 and 5 is tested equal, in float64 values and gradients, to the plain path it speeds up; which
+of them a run uses are settings of the run (set_runtime), not of the model.
 """
 
 import math
