@@ -112,7 +112,7 @@ def check_numbers(p, args):
             p.error(f"--{name}={getattr(args, name)} must be >= {low}")
     if args.seed >= 2 ** 63:
         p.error(f"--seed={args.seed} must be < 2^63")
-    if args.lev_ids > args.vocab_size:
+    if "lev" in args.tables and args.lev_ids > args.vocab_size:
         p.error(f"--lev_ids={args.lev_ids} distinct ids need --vocab_size >= {args.lev_ids}")
 
 

@@ -126,6 +126,8 @@ def bucket_stats(losses, targets, counts):
 def read_curve(run_dir):
     """run_dir/log.jsonl -> [(training tokens, val loss), ...] sorted by tokens, or None when there is no log."""
     path = os.path.join(run_dir, "log.jsonl")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path} is not a file; move it away (token efficiency needs train.py's log)")
     if not os.path.isfile(path):
         return None
     curve = []

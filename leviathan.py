@@ -490,6 +490,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = sorted_logits.softmax(-1)
         drop = probs.cumsum(-1) - probs >= top_p  # the likelier ids before this one already reach p
+        drop[:, 0] = False  # the likeliest id always stays (a top_p below fp32's smallest number is 0 there)
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), -float("inf"))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 

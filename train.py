@@ -197,8 +197,6 @@ def check_settings(s):
     need(s["learning_rate"] > 0, f"learning_rate={s['learning_rate']} must be > 0")
     need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
                                             f"{s['learning_rate']} (the decay goes down to min_lr)")
-    need(not 0 < s["lr_decay_iters"] < s["warmup_iters"], f"warmup_iters={s['warmup_iters']} must not exceed "
-                                                          f"lr_decay_iters={s['lr_decay_iters']}")
     need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
     need(0 <= s["seed"] < 2 ** 63 - DATA_SEED_OFFSET - 1024, f"seed={s['seed']} must be in [0, 2^63 - 2^21)")
     bad_parts = set(filter(None, s["freeze"].split(","))) - set(PARTS)
@@ -280,6 +278,8 @@ def all_finite(model):
 def resolve_run(s, explicit):
     """Fill in out_dir, check it, and for a resumed run load the checkpoint and take its settings (files and
     flags on top). Returns the checkpoint to resume or fine-tune (None for a scratch run)."""
+    if s["init_from"] != "resume" and 0 < s["lr_decay_iters"] < s["warmup_iters"]:  # a resume keeps its schedule
+        raise SettingsError(f"warmup_iters={s['warmup_iters']} must not exceed lr_decay_iters={s['lr_decay_iters']}")
     # a fine-tuning run takes its architecture from the source first, so that out_dir's {embedding} is the source's
     source = read_source(s, explicit) if s["init_from"] not in ("scratch", "resume") else None
     try:  # e.g. out-{dataset}-{embedding}: one folder per arm, so arms do not overwrite each other

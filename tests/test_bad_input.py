@@ -276,7 +276,7 @@ TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_e
     ("--block_size=0", "block_size=0 must be a positive integer"),
     ("--n_layer=-1", "n_layer=-1 must be a positive integer"),
     ("--lev_ids=0", "--lev_ids=0 must be >= 1"),
-    ("--lev_ids=301", "--lev_ids=301 distinct ids need --vocab_size >= 301"),
+    ("--tables=lev --lev_ids=301", "--lev_ids=301 distinct ids need --vocab_size >= 301"),
     ("--gen_tokens=0", "--gen_tokens=0 must be >= 1"),
     ("--plain_max=0", "--plain_max=0 must be >= 1"),
     ("--vocab_size=1", "vocab_size=1 must be at least 2"),
@@ -287,7 +287,7 @@ TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_e
     ("--json=", "--json is empty"),
 ])
 def test_bench_flags_are_checked(run_cli, flag, message):
-    code, out, err = run_cli(bench.main, [*TOY, flag])
+    code, out, err = run_cli(bench.main, [*TOY, *flag.split()])
     assert code == 2 and message in err and "Traceback" not in err and not out, err
 
 
@@ -317,7 +317,19 @@ def test_more_damage_found_by_probing(tmp_path, char_data, run_cli, trained):
     for args, message in [(["--warmup_iters=10", "--lr_decay_iters=2"], "warmup_iters=10 must not exceed"),
                           (["--out_dir=out-{dataset.upper}"], "each {...} must name a setting"),
                           ([str(tmp_path / "deep.py")], "is nested too deeply")]:
-        code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char", *TINY, *args])
+        code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char",
+                                            f"--out_dir={tmp_path / 'new'}", *TINY, *args])
         assert_one_line(code, err, message, "train.py")
+    # a run whose schedule was fixed at 4 steps, with the default 100 warmup steps, still resumes
+    code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char", f"--out_dir={trained}",
+                                        *[f for f in TINY if "warmup" not in f], "--init_from=resume",
+                                        "--max_iters=3"])
+    assert code == 0, err
+    (trained / "log.jsonl").rename(tmp_path / "log.jsonl")
+    (trained / "log.jsonl").mkdir()
+    code, _, err = run_cli(ev.main, [str(trained), f"--data_dir={char_data}", "--lambada_max=0"])
+    assert_one_line(code, err, "log.jsonl is not a file", "eval.py")
+    code, _, err = run_cli(bench.main, [*TOY, "--vocab_size=300", "--lev_ids=8192"])  # lev_ids: the lev table's
+    assert code == 0, err
     code, out, err = run_cli(bench.main, [*TOY, "--block_size=10000000", "--n_embd=16"])
     assert code == 2 and "is longer than the" in err and "Traceback" not in err, err

@@ -754,3 +754,9 @@ def test_checkpoint_with_unknown_settings_is_refused(tmp_path):
     torch.save(ckpt, path)
     with pytest.raises(ValueError, match="n_experts"):
         load_checkpoint(path)
+
+
+def test_sample_next_a_top_p_below_float32_keeps_the_likeliest():
+    """top_p=1e-300 is 0 in fp32: every id would be dropped and sampling would fail on NaN probabilities."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sample_next(logits, 0.8, 200, 1e-300), logits.argmax(-1, keepdim=True))
