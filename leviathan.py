@@ -251,14 +251,15 @@ class RMSNorm(nn.Module):
 
 
 def rotary_tables(head_size, length, theta=10000.0):
-    """cos and sin of the rotation angles pos * theta^(-2i/head_size), each (length, head_size/2)."""
+    """cos and sin of the rotation angles pos * theta^(-2i/head_size), each (length, 1, 1, head_size/2): shaped
+    to broadcast over the (B, T, 2, nh, hs/2) halves of the queries and keys that Attention rotates together."""
     inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq).view(length, 1, 1, -1)
     return angles.cos(), angles.sin()
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate pairs (x[..., :hs/2], x[..., hs/2:]) of x: (B, nh, T, hs) by position-dependent angles."""
+    """Rotate pairs (x[..., :hs/2], x[..., hs/2:]) of x: (B, T, 2, nh, hs) by position-dependent angles."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
@@ -293,9 +294,11 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache=None):
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (a.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for a in (q, k, v))  # (B, nh, T, hs)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head)
+        # queries and keys rotated together: one pass over both (decoding runs ~100 small ops per token, and
+        # each op costs microseconds of overhead whatever its size)
+        q, k = apply_rotary(qkv[:, :, :2], cos, sin).permute(2, 0, 3, 1, 4)  # 2 x (B, nh, T, hs)
+        v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, T, hs)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)  # (B, nh, T_past + T, hs)
         # T tokens into an empty cache: causal; one token after a past: it attends to all of it (GPT.forward
@@ -346,6 +349,7 @@ class GPT(nn.Module):
         self.norm = RMSNorm(c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)  # the output head: hidden state -> logits
         self.lean_head = False  # a run setting (set_runtime): the loss from linear_cross_entropy (section 5)
+        self.decode_step = None  # a run setting (set_runtime): forward compiled for one-token decoding steps
         cos, sin = rotary_tables(c.n_embd // c.n_head, c.block_size)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -396,7 +400,8 @@ class GPT(nn.Module):
             kv_cache.pos += T
         x = self.norm(x)
         if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
+            head = cache.head if cache is not None and cache.head is not None else self.lm_head.weight.T
+            return x[:, [-1], :] @ head, None  # (B, 1, V)
         if reduction not in ("mean", "none"):
             raise ValueError(f"reduction={reduction!r}; choose mean or none")
         if self.lean_head:
@@ -444,17 +449,20 @@ class GPT(nn.Module):
         block = self.config.block_size
         start = max(0, idx.shape[1] - block)  # the window is idx[:, start:]
         embeddings = EmbeddingCache(self.tok_emb) if lev_cache and self.config.embedding == "lev" else None
+        head = decode_head(self.lm_head.weight)  # built once per call: the weights cannot change during it
         cache, fed = None, 0  # with the KV cache: how many tokens of the window it holds
         for _ in range(max_new_tokens):
             if idx.shape[1] - start > block:
                 start = idx.shape[1] - max(1, block // 2)
                 cache = None
             if not use_cache:
-                logits, _ = self(idx[:, start:], cache=DecodeCache(None, embeddings) if embeddings else None)
+                logits, _ = self(idx[:, start:], cache=DecodeCache(None, embeddings, head))
             else:
                 if cache is None:
-                    cache, fed = DecodeCache(KVCache(self.config.n_layer, block), embeddings), start
-                logits, _ = self(idx[:, fed:], cache=cache)
+                    cache, fed = DecodeCache(KVCache(self.config.n_layer, block), embeddings, head), start
+                new = idx[:, fed:]  # the window's first tokens after a jump, then one token per step
+                step = self.decode_step if self.decode_step is not None and new.shape[1] == 1 else self
+                logits, _ = step(new, cache=cache)
                 fed = idx.shape[1]
             next_id = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p)
             idx = torch.cat([idx, next_id], dim=1)
@@ -470,10 +478,23 @@ class GPT(nn.Module):
 
 class DecodeCache:
     """What one generation call keeps between tokens: the KV cache of the current window (None: no KV cache),
-    and for the lev arm its EmbeddingCache (None: recompute embeddings)."""
+    for the lev arm its EmbeddingCache (None: recompute embeddings), and the head as a (n_embd, V) matrix laid
+    out for one token at a time (decode_head; None: the head's own weight)."""
 
-    def __init__(self, kv, embeddings):
-        self.kv, self.embeddings = kv, embeddings
+    def __init__(self, kv, embeddings, head=None):
+        self.kv, self.embeddings, self.head = kv, embeddings, head
+
+
+def decode_head(weight):
+    """weight: the head, (V, n_embd) -> a contiguous (n_embd, V) copy on CPU, else None (use weight itself).
+
+    Decoding multiplies one hidden state by the head per token: a matrix-vector product that reads all V x n_embd
+    weights to do 2 FLOPs with each. On CPU, MKL runs x @ W.T with W row-major ~4x slower than x @ W_T with a
+    contiguous W_T (3.6 vs 0.9 ms at V = 50,257, n_embd = 128, 1 or 2 threads: the head was 80% of the time
+    per token), so one generation call pays one transposed copy (25 MB there) and reuses it for every token.
+    The logits are the same sums in another order (tests/test_leviathan.py). GPUs run both layouts alike, and a
+    copy of a large head would cost GPU memory: there the weight is used as it is."""
+    return weight.detach().T.contiguous() if weight.device.type == "cpu" else None
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
@@ -914,10 +935,17 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
     return per_token.sum() / (targets != ignore_index).sum()  # 0 / 0 = NaN when every target is ignored
 
 
-def set_runtime(model, lev_chunk=None, lev_compile=None, lean_head=None):
+def set_runtime(model, lev_chunk=None, lev_compile=None, lean_head=None, compile_decode=None):
     """Set a model's run settings, the ones that change speed and memory but not results, kept out of Config and
-    checkpoints: LEV's ids per chunk and whether training compiles its kernels (no-op for the table arms), and
-    whether forward computes the loss with the memory-lean head."""
+    checkpoints: LEV's ids per chunk and whether training compiles its kernels (no-op for the table arms),
+    whether forward computes the loss with the memory-lean head, and whether generation runs its one-token steps
+    through torch.compile (compile_decode).
+
+    compile_decode compiles forward for single tokens only: a window's first tokens (the prompt, or the half
+    block after a jump) run eagerly, so the compiled graph meets one shape, T = 1, and the KV cache's position
+    becomes its one dynamic number after the second token (two compilations, not one per position)."""
+    if compile_decode is not None:
+        model.decode_step = torch.compile(model.forward) if compile_decode else None
     if isinstance(model.tok_emb, LEV):
         if lev_chunk is not None:
             model.tok_emb.chunk = lev_chunk

@@ -53,7 +53,8 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
     p.add_argument("--compile", action="store_true",
-                   help="compile the model with torch.compile (slow to start: the first sample pays for it)")
+                   help="run the one-token decoding steps through torch.compile (slow to start: the first sample "
+                        "pays ~10-40 s of compiling; used with the KV cache only)")
     p.add_argument("--no_kv_cache", action="store_true",
                    help="recompute the whole context for every token (to measure the KV cache's speed-up)")
     p.add_argument("--no_lev_cache", action="store_true",
@@ -161,15 +162,14 @@ def encode_prompt(prompt, tokenizer, block_size, device):
 
 
 def prepare_model(model, args, device):
-    """Run settings for generation: threads, LEV's kernels eager, optionally the whole model compiled."""
+    """Run settings for generation: threads, LEV's kernels eager, optionally the decoding steps compiled."""
     set_runtime(model, lev_compile=False)  # LEV's kernels compile for training only; generation meets each id once
     if device == "cpu":
         torch.set_num_threads(args.threads or common.pick_threads(model.param_report()["total"]))
     if args.compile:
-        # in place, so that GPT.stream's self(...) runs compiled. The whole model, not block by block: each block
-        # would be a separate specialisation of one function and exhaust dynamo's recompile limit. LEV's
-        # data-dependent lookups (torch.unique, the per-id cache) stay eager behind a graph break.
-        model.compile()
+        # the one-token decoding steps through torch.compile (leviathan.set_runtime); LEV's data-dependent
+        # lookups (torch.unique, the per-id cache) stay eager behind a graph break
+        set_runtime(model, compile_decode=True)
 
 
 def write_sample(model, tokenizer, prompt, x, args):

@@ -30,6 +30,7 @@ from leviathan import (  # noqa: E402
     SplineProduct,
     bspline_basis,
     bspline_weights3,
+    decode_head,
     digit_base,
     sample_next,
     signed_log_product,
@@ -247,6 +248,21 @@ def test_cached_logits_equal_full_forward(arm):
         model(idx[:, :3], cache=cache)
         with pytest.raises(NotImplementedError):  # several tokens after a non-empty cache
             model(idx[:, 3:5], cache=cache)
+
+
+@arms
+def test_decode_head_gives_the_heads_logits(arm):
+    """Generation's head (decode_head: a (n_embd, V) copy on CPU) gives the logits of the model's own head."""
+    model = tiny_model(arm).eval()
+    head = decode_head(model.lm_head.weight)
+    assert head.shape == (model.config.n_embd, V) and head.is_contiguous()
+    assert head.data_ptr() != model.lm_head.weight.data_ptr()  # a copy: the weight itself is never changed
+    idx = random_ids(2, BLOCK, seed=3)
+    with torch.no_grad():
+        full, _ = model(idx, targets=idx)
+        for t in (1, 7, BLOCK):
+            logits, _ = model(idx[:, :t], cache=DecodeCache(None, None, head))
+            torch.testing.assert_close(logits[:, 0], full[:, t - 1], rtol=1e-5, atol=1e-5)
 
 
 @arms
