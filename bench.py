@@ -5,18 +5,22 @@ Measure speed and memory of the three arms, of LEV alone, and of generation.
     python bench.py --device=cuda --compile --n_layer=6 --n_head=6 --n_embd=384 --block_size=256 --batch_size=64
 
 Three tables:
-  1. training step (forward + backward + clip + AdamW step) per arm: ms/step, tokens/s, peak memory, ratio to
-     tied. The arms are timed in the same process, interleaved step by step, so machine noise hits all alike.
+  1. training step (forward + backward + clip + AdamW step) per arm: ms/step, tokens/s, model FLOPs per token
+     and the GFLOP/s achieved (see model_flops_per_token: comparable with any implementation counted the same
+     way), peak memory, ratio to tied. The arms are timed in the same process, interleaved step by step, so
+     machine noise hits all alike.
   2. LEV alone against nn.Embedding for N ids, forward + backward: the plain recipe (LEV.reference), the fast
      path with its kernels compiled (what training uses) and eager, and the one-off cost of materialising the
      whole V x n_embd table.
-  3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV cache, and
-     for lev with and without its per-id embedding cache.
+  3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV cache, for lev
+     with and without its per-id embedding cache, and with the one-token steps compiled (sample.py --compile;
+     --no-gen_compile skips it). The variants of an arm take turns, --gen_rounds times; the best round counts.
 Batches come from data/<dataset>/train.bin when it exists (real text: a Tiny Shakespeare batch of 2,048 tokens
 holds ~800 distinct ids, which is what LEV's cost depends on), else from a Zipf(1.1) stand-in, said so.
 """
 
 import argparse
+import copy
 import json
 import multiprocessing
 import os
@@ -64,6 +68,9 @@ def make_parser():
     p.add_argument("--plain_max", type=int, default=1024,
                    help="time the plain recipe on at most this many of the N ids (it needs ~1.5 GB per 1,000)")
     p.add_argument("--gen_tokens", type=int, default=500)
+    p.add_argument("--gen_rounds", type=int, default=3, help="table 3: rounds, each timing every variant once")
+    p.add_argument("--gen_compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="table 3: also time the compiled one-token steps (compiling takes ~10-40 s per arm)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
     return p
@@ -106,7 +113,7 @@ def parse_args(argv=None):
 def check_numbers(p, args):
     """Ranges of the numeric flags (the model's sizes are checked by leviathan.Config)."""
     minimum = {"batch_size": 1, "lev_chunk": 1, "steps": 1, "warmup": 0, "lev_ids": 1, "plain_max": 1,
-               "gen_tokens": 1, "seed": 0}
+               "gen_tokens": 1, "gen_rounds": 1, "seed": 0}
     for name, low in minimum.items():
         if getattr(args, name) < low:
             p.error(f"--{name}={getattr(args, name)} must be >= {low}")
@@ -183,6 +190,25 @@ def backbone_flops_per_token(model):
     return 6 * model.param_report()["backbone"] + 12 * c.n_layer * c.block_size * c.n_embd
 
 
+def lev_forward_flops_per_id(config):
+    """LEV's forward arithmetic for one distinct id, as the fast path does it: the seed maps 2 h d^2, the
+    3-knot splines 6 h d r (3 multiply-adds per value), their product h d r, and W_out 2 h r n_embd (the seed
+    sums, LayerNorm, sigmoid and logs are O(h d) and left out)."""
+    h, d, r = config.lev_heads, config.lev_seed_dim, config.lev_rank
+    return 2 * h * d * d + 6 * h * d * r + h * d * r + 2 * h * r * config.n_embd
+
+
+def model_flops_per_token(model, distinct_per_token):
+    """Training FLOPs per token (forward + backward = 3x forward, recomputation not counted, as in MFU): the
+    backbone (backbone_flops_per_token), the head 6 V n_embd, and the input embedding: 0 for a table (a lookup),
+    3x LEV's forward per distinct id for lev, times the distinct ids per token of the batch."""
+    c = model.config
+    flops = backbone_flops_per_token(model) + 6 * c.vocab_size * c.n_embd
+    if c.embedding == "lev":
+        flops += 3 * lev_forward_flops_per_id(c) * distinct_per_token
+    return flops
+
+
 def peak_memory_child(arm, head, args, queue):
     """In a fresh process, this arm alone: two training steps, then the peak memory in MiB (CUDA: the most
     allocated; CPU: peak resident memory, VmHWM, as ru_maxrss would carry the parent's peak across exec)."""
@@ -234,9 +260,11 @@ def train_table(args, results):
             t = timed(args.device, train_step, model, opt, x, y, args)
             if i >= args.warmup:
                 times[arm].append(t)
-    print(f"distinct ids per batch: {statistics.median(distinct):.0f} of {args.batch_size * args.block_size}\n")
-    print("| arm | params (input / backbone / head) | ms/step | tokens/s | peak memory (MiB) | vs tied, same head |")
-    print("|---|---|---:|---:|---:|---:|")
+    tokens = args.batch_size * args.block_size
+    print(f"distinct ids per batch: {statistics.median(distinct):.0f} of {tokens}\n")
+    print("| arm | params (input / backbone / head) | ms/step | tokens/s | MFLOP/token | GFLOP/s | peak memory (MiB) "
+          "| vs tied, same head |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     rows = {}
     for key, (arm, head) in variants.items():
         ms = statistics.median(times[key]) * 1000
@@ -244,10 +272,13 @@ def train_table(args, results):
         ratio = ms / (statistics.median(times[tied]) * 1000) if tied in times else float("nan")
         mem = peak_memory_mib(arm, head, args)
         rep = models[key][0].param_report()
+        flops = model_flops_per_token(models[key][0], statistics.median(distinct) / tokens)
         rows[key] = {"params": rep, "head": head, "ms_per_step": ms, "peak_memory_mib": mem, "over_tied": ratio,
-                     "tokens_per_s": args.batch_size * args.block_size / ms * 1e3}
+                     "tokens_per_s": tokens / ms * 1e3, "model_flops_per_token": flops,
+                     "gflop_per_s": flops * tokens / ms * 1e3 / 1e9}
         print(f"| {key} | {rep['input_embedding']:,} / {rep['backbone']:,} / {rep['head']:,} | {ms:.0f} | "
-              f"{rows[key]['tokens_per_s']:,.0f} | {mem:,.0f} | {ratio:.3f} |")
+              f"{rows[key]['tokens_per_s']:,.0f} | {flops / 1e6:.1f} | {rows[key]['gflop_per_s']:.1f} | {mem:,.0f} "
+              f"| {ratio:.3f} |")
     if args.device == "cuda":
         peak = 989e12  # H100/H200 dense bf16 tensor-core peak; other GPUs: scale by their own
         for arm, row in rows.items():
@@ -308,21 +339,32 @@ def gen_table(args, results):
     vocab_size, _, _ = batch_source(args)
     n = args.gen_tokens
     print(f"\n## Generation: {n} new tokens, greedy, batch 1, block_size {args.block_size}, {args.device}, "
-          f"float32, eager (random-init models; speed does not depend on the weights)")
-    print("| arm | KV cache | LEV cache | tokens/s |\n|---|---|---|---:|")
+          f"float32, best of {args.gen_rounds} interleaved rounds (random-init models; speed does not depend on "
+          f"the weights)")
+    print("| arm | KV cache | LEV cache | one-token steps | tokens/s |\n|---|---|---|---|---:|")
     rows = []
     for arm in args.arms:
         model, _ = build(arm, vocab_size, args)
         model.eval()
+        compiled = copy.copy(model)  # the same weights; only its run setting differs
+        set_runtime(compiled, compile_decode=True)
         prompt = torch.zeros(1, 1, dtype=torch.long, device=args.device)
-        variants = [(True, True), (False, True)] + ([(True, False), (False, False)] if arm == "lev" else [])
-        for kv, lev_cache in variants:
-            model.generate(prompt, 8, 0.0, None, None, kv, lev_cache)  # warm-up
-            seconds = timed(args.device, model.generate, prompt, n, 0.0, None, None, kv, lev_cache)
+        # (model, KV cache, LEV cache): the default first, then each cache off, then compiled steps
+        variants = [(model, True, True), (model, False, True)]
+        variants += [(model, True, False), (model, False, False)] if arm == "lev" else []
+        variants += [(compiled, True, True)] if args.gen_compile else []
+        best = [0.0] * len(variants)
+        for _ in range(args.gen_rounds):
+            for i, (m, kv, lev_cache) in enumerate(variants):
+                m.generate(prompt, 8, 0.0, None, None, kv, lev_cache)  # warm-up (and compiling, the first time)
+                seconds = timed(args.device, m.generate, prompt, n, 0.0, None, None, kv, lev_cache)
+                best[i] = max(best[i], n / seconds)
+        for (m, kv, lev_cache), tokens_per_s in zip(variants, best, strict=True):
+            steps = "compiled" if m is compiled else "eager"
             rows.append({"arm": arm, "kv_cache": kv, "lev_cache": lev_cache if arm == "lev" else None,
-                         "tokens_per_s": n / seconds})
+                         "steps": steps, "tokens_per_s": tokens_per_s})
             print(f"| {arm} | {'on' if kv else 'off'} | {('on' if lev_cache else 'off') if arm == 'lev' else '-'} | "
-                  f"{n / seconds:,.0f} |")
+                  f"{steps} | {tokens_per_s:,.0f} |")
     results["generation"] = rows
 
 
