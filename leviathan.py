@@ -58,6 +58,9 @@ class Config:
     lev_rank: int = setting(64, "LEV: r, outputs of each spline, i.e. length of a mode")
     lev_normalize_basis: bool = setting(True, "LEV: divide the spline basis by its sum over knots (a partition "
                                               "of unity also at the two ends of [0, 1])")
+    # LEV's initialisation, which the paper leaves open: ours
+    lev_out_init_std: float = setting(0.02, "LEV (ours; the paper leaves LEV's initialisation open): W_out starts "
+                                            "as N(0, std^2 / h)")
 
     def __post_init__(self):
         def need(ok, msg):
@@ -78,6 +81,9 @@ class Config:
              f"head size n_embd/n_head={self.n_embd // self.n_head} must be even for rotary embeddings")
         need(isinstance(self.dropout, float | int) and 0.0 <= self.dropout < 1.0,
              f"dropout={self.dropout} must be in [0, 1)")
+        std = self.lev_out_init_std
+        need(isinstance(std, float | int) and not isinstance(std, bool) and math.isfinite(std) and std > 0,
+             f"lev_out_init_std={std!r} must be a finite number > 0")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -156,7 +162,8 @@ class LEV(nn.Module):
         self.ln_bias = nn.Parameter(torch.zeros(h, d))
         # near 1, so that the 128-factor product starts near 1 rather than at 0 or infinity
         self.spline = nn.Parameter(1.0 + 0.1 * torch.randn(h, d, c.lev_knots, r))  # S
-        self.out_proj = nn.Parameter(torch.randn(h, r, c.n_embd) * 0.02 / math.sqrt(h))  # W_out
+        # 1/sqrt(h): the h heads' outputs are summed
+        self.out_proj = nn.Parameter(torch.randn(h, r, c.n_embd) * c.lev_out_init_std / math.sqrt(h))  # W_out
         # run settings of the fast path (section 4): ids per chunk (64 suits a CPU's caches), and whether
         # training runs its two kernels through torch.compile (~2.3x faster on CPU; same sums)
         self.chunk = 64

@@ -306,12 +306,11 @@ def resolve_run(s, explicit):
     for key, value in ckpt["train_config"].items():
         if key in SETTINGS and key not in MODEL and key not in explicit and key not in ("out_dir", "init_from"):
             set_setting(s, key, value, f"{ckpt_path} (train_config)")  # a hand-edit could hold any type
-    for key, value in ckpt["model_config"].items():  # the model is the checkpoint's; a flag may not change it
-        if key in MODEL and key in explicit and s[key] != value:
+    for key, value in saved_architecture(ckpt["model_config"]).items():  # the checkpoint's; a flag may not change it
+        if key in explicit and s[key] != value:
             raise SettingsError(f"{ckpt_path} has {key}={value!r}, this run asks for {s[key]!r}; a resumed run "
                                 f"keeps its model (drop --{key}, or use another out_dir)")
-        if key in MODEL:
-            s[key] = value
+        s[key] = value
     check_settings(s)
     return ckpt
 
@@ -320,15 +319,21 @@ def read_source(s, explicit):
     """The checkpoint a fine-tuning run starts from; its architecture becomes this run's (flags may change
     dropout only)."""
     source, path = common.read_checkpoint(s["init_from"], "cpu")
-    for key, value in source["model_config"].items():
-        if key in MODEL and key in explicit and s[key] != value and key != "dropout":
+    for key, value in saved_architecture(source["model_config"]).items():
+        if key in explicit and s[key] != value and key != "dropout":
             raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; fine-tuning keeps the "
                                 f"source's architecture (drop --{key})")
-        if key in MODEL and (key != "dropout" or key not in explicit):
+        if key != "dropout" or key not in explicit:
             s[key] = value
     source["path"] = path
     check_settings(s)
     return source
+
+
+def saved_architecture(model_config):
+    """A checkpoint's model settings (MODEL's keys). One written before a Config field existed holds no value for
+    it: the field's default, which is also what Config(**model_config) gives its model."""
+    return {key: model_config.get(key, default) for key, (default, _) in MODEL.items()}
 
 
 def freeze(model, parts):

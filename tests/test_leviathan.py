@@ -212,6 +212,12 @@ def test_out_of_range_ids_raise_value_error(arm, bad):
     (dict(n_layer=0), "n_layer=0 must be a positive integer"),
     (dict(lev_knots=2), "lev_knots=2 must be at least 3"),
     (dict(dropout=1.0), r"dropout=1.0 must be in \[0, 1\)"),
+    (dict(lev_out_init_std=0.0), "lev_out_init_std=0.0 must be a finite number > 0"),
+    (dict(lev_out_init_std=-1), "lev_out_init_std=-1 must be a finite number > 0"),
+    (dict(lev_out_init_std=float("nan")), "lev_out_init_std=nan must be a finite number > 0"),
+    (dict(lev_out_init_std=float("inf")), "lev_out_init_std=inf must be a finite number > 0"),
+    (dict(lev_out_init_std="0.02"), "lev_out_init_std='0.02' must be a finite number > 0"),
+    (dict(lev_out_init_std=True), "lev_out_init_std=True must be a finite number > 0"),
 ])
 def test_config_validation(overrides, message):
     with pytest.raises(ValueError, match="Config: " + message):
@@ -649,6 +655,22 @@ def test_digits_round_trip(vocab_size, n_digits):
     assert torch.equal((digits * powers).sum(-1), ids)
 
 
+def test_lev_out_init_std_scales_w_out_only():
+    """W_out ~ N(0, std^2 / h) from the same random draws: the default (0.02) is the initialisation LEV always had,
+    another std scales W_out alone."""
+    config = lev_config(lev_heads=2, lev_seed_dim=4, lev_knots=5, lev_rank=3)
+    torch.manual_seed(0)
+    default = LEV(config)
+    torch.manual_seed(0)  # the draws of LEV.__init__, in its order, with the formula it had before the setting
+    draws = [torch.randn(3, default.base, 4), torch.randn(2, 4, 4), torch.randn(2, 4, 5, 3), torch.randn(2, 3, 12)]
+    assert torch.equal(default.out_proj, draws[-1] * 0.02 / math.sqrt(2))
+    torch.manual_seed(0)
+    doubled = LEV(dataclasses.replace(config, lev_out_init_std=0.04))
+    assert torch.equal(doubled.out_proj, 2 * default.out_proj)
+    assert all(torch.equal(getattr(doubled, name), getattr(default, name))
+               for name in ("codebooks", "seed_proj", "ln_weight", "ln_bias", "spline"))
+
+
 def test_digits_are_most_significant_first():
     lev = LEV(lev_config(1000, 4, lev_digits=3, lev_seed_dim=2, lev_heads=1, lev_knots=3, lev_rank=1))
     assert lev.base == 10
@@ -725,6 +747,18 @@ def test_checkpoint_round_trip_gives_identical_logits(arm, tmp_path):
             assert torch.equal(loaded(idx, targets=idx)[0], expected)
         if arm == "tied":
             assert loaded.lm_head.weight is loaded.tok_emb.weight
+
+
+def test_checkpoint_older_than_a_config_field_loads_with_its_default(tmp_path):
+    """A checkpoint written before lev_out_init_std existed: the field's default fills it in."""
+    model = tiny_model("lev")
+    write_checkpoint(model, tmp_path / "ckpt.pt")
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del ckpt["model_config"]["lev_out_init_std"]
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    loaded, _ = load_checkpoint(tmp_path)
+    assert loaded.config == model.config and loaded.config.lev_out_init_std == 0.02
+    assert all(torch.equal(loaded.state_dict()[k], t) for k, t in model.state_dict().items())
 
 
 def test_checkpoint_of_another_version_is_refused(tmp_path):

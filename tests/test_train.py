@@ -123,6 +123,23 @@ def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsy
     assert code == 0 and "resuming at step 2" in out, err
 
 
+def test_a_checkpoint_older_than_a_model_setting_loads_and_resumes(tmp_path, char_data, capsys):
+    """A checkpoint written before a Config field existed (here lev_out_init_std) gets the field's default:
+    it loads, resumes, and a flag that asks for another value is refused as for any model setting."""
+    assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
+    path = tmp_path / "old" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["model_config"]["lev_out_init_std"]
+    torch.save(ckpt, path)
+    model, _ = common.load_checkpoint(path)
+    assert model.config.lev_out_init_std == 0.02
+    code, _, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--lev_out_init_std=0.1")
+    assert code == 2 and "has lev_out_init_std=0.02, this run asks for 0.1" in err
+    code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--max_iters=4")
+    assert code == 0 and "resuming at step 2" in out, err
+    assert torch.load(path, weights_only=True)["model_config"]["lev_out_init_std"] == 0.02
+
+
 def test_a_version_1_checkpoint_resumes_with_the_same_function(tmp_path, char_data, capsys):
     """Version 1 (old setting names, `head`, lev_chunk/lev_compile in the model config, the plain basis) migrates
     on load: same weights, the plain basis kept, and training continues."""
