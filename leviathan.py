@@ -413,17 +413,28 @@ class GPT(nn.Module):
         loss = F.cross_entropy(wide, targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return logits, loss.view(B, T) if reduction == "none" else loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), device_type="cpu"):
+    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), device_type="cpu",
+                             lev_lr_scale=1.0, lev_wd_scale=1.0):
         """AdamW. Decay matrices and tables (dim >= 2), not norms' gains and biases (LEV's per-head LayerNorm
         ones are 2-D), and not LEV's spline coefficients S: decay pulls each factor towards 0, and so a
-        128-factor product much faster still."""
+        128-factor product much faster still.
+
+        lev_lr_scale, lev_wd_scale: LEV's learning rate and weight decay as multiples of the others' (lev arm only).
+        Each group's "lr_scale" is the factor a schedule multiplies its lr by. With both at 1 there are two groups,
+        decay and no_decay, as before these settings existed, so that older optimizer states still load; otherwise
+        LEV's parameters get groups of their own after those two (one per kind that has parameters)."""
         not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
-        decay, no_decay = [], []
+        own_lev_groups = self.config.embedding == "lev" and (lev_lr_scale != 1 or lev_wd_scale != 1)
+        groups = {"decay": {"params": [], "weight_decay": weight_decay, "lr_scale": 1.0},
+                  "no_decay": {"params": [], "weight_decay": 0.0, "lr_scale": 1.0},
+                  "lev.decay": {"params": [], "weight_decay": weight_decay * lev_wd_scale, "lr_scale": lev_lr_scale},
+                  "lev.no_decay": {"params": [], "weight_decay": 0.0, "lr_scale": lev_lr_scale}}
         for name, p in self.named_parameters():
             if p.requires_grad:
-                (decay if p.dim() >= 2 and name not in not_decayed else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+                kind = "decay" if p.dim() >= 2 and name not in not_decayed else "no_decay"
+                groups[f"lev.{kind}" if own_lev_groups and name.startswith("tok_emb.") else kind]["params"].append(p)
+        used = [group for key, group in groups.items() if group["params"] or not key.startswith("lev.")]
+        return torch.optim.AdamW(used, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
     # -- generation --
 

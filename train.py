@@ -77,6 +77,9 @@ SETTINGS = {
     "lr_decay_iters": (0, "step at which the cosine decay reaches min_lr; 0 means max_iters (fixed at the start "
                           "of a run, so that resuming with a larger max_iters keeps the schedule)"),
     "weight_decay": (0.1, "AdamW weight decay (matrices and tables only)"),
+    "lev_lr_scale": (1.0, "lev arm: LEV's learning rate as a multiple of the schedule's (warmup, cosine, min_lr)"),
+    "lev_wd_scale": (1.0, "lev arm: LEV's weight decay (codebooks, seed_proj, out_proj) as a multiple of "
+                          "weight_decay"),
     "beta1": (0.9, "AdamW beta1"),
     "beta2": (0.95, "AdamW beta2"),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping"),
@@ -195,6 +198,11 @@ def check_settings(s):
     for key in ("max_iters", "eval_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip"):
         need(s[key] >= 0, f"{key}={s[key]} must be >= 0")
     need(s["learning_rate"] > 0, f"learning_rate={s['learning_rate']} must be > 0")
+    need(s["lev_lr_scale"] > 0, f"lev_lr_scale={s['lev_lr_scale']} must be > 0")
+    need(s["lev_wd_scale"] >= 0, f"lev_wd_scale={s['lev_wd_scale']} must be >= 0")
+    for key in ("lev_lr_scale", "lev_wd_scale"):  # refused rather than silently ignored
+        need(s["embedding"] == "lev" or s[key] == 1, f"{key}={s[key]} applies to LEV, and --embedding="
+                                                     f"{s['embedding']} has none; drop --{key} (or set it to 1)")
     need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
                                             f"{s['learning_rate']} (the decay goes down to min_lr)")
     need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
@@ -431,18 +439,32 @@ class Trainer:
         set_runtime(self.model, lev_chunk=s["lev_chunk"], lev_compile=s["lev_compile"],
                     lean_head=s["lean_head"])
         self.model.to(procs.device)
-        self.optimizer = self.model.configure_optimizers(s["weight_decay"], s["learning_rate"],
-                                                         (s["beta1"], s["beta2"]), procs.device.type)
+        self.optimizer = self.new_optimizer(s["lev_lr_scale"], s["lev_wd_scale"])
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")
         if s["init_from"] == "resume":
             try:
-                self.optimizer.load_state_dict(ckpt["optimizer"])
+                self.load_optimizer_state(ckpt)
                 if "scaler" in ckpt:
                     self.scaler.load_state_dict(ckpt["scaler"])
             except (KeyError, TypeError, ValueError, RuntimeError) as e:
                 raise SettingsError(f"{self.ckpt_path}: its optimizer state does not fit the model "
                                     f"({common.one_line(e)[:200]}); it was edited or damaged") from None
         self.t_start = time.time()
+
+    def new_optimizer(self, lev_lr_scale, lev_wd_scale):
+        s = self.s
+        return self.model.configure_optimizers(s["weight_decay"], s["learning_rate"], (s["beta1"], s["beta2"]),
+                                               self.procs.device.type, lev_lr_scale, lev_wd_scale)
+
+    def load_optimizer_state(self, ckpt):
+        """The checkpoint's optimizer state, read into the groups its run had (they depend on its lev_lr_scale and
+        lev_wd_scale, 1 in checkpoints older than them), then handed over parameter by parameter: a resume may
+        change those settings, and with them whether LEV has groups of its own. The groups keep this run's settings."""
+        saved = ckpt["train_config"]
+        as_saved = self.new_optimizer(saved.get("lev_lr_scale", 1.0), saved.get("lev_wd_scale", 1.0))
+        as_saved.load_state_dict(ckpt["optimizer"])
+        for p, state in as_saved.state.items():
+            self.optimizer.state[p] = state
 
     def fine_tune(self, source):
         """The source checkpoint's model, with its weights (dropout as this run asks)."""
@@ -554,7 +576,7 @@ class Trainer:
         T, B = s["block_size"], s["batch_size"]
         lr = get_lr(self.step, s)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]  # LEV's groups: lev_lr_scale
         starts = torch.randint(len(self.data.train) - T, (s["gradient_accumulation_steps"] * B,),
                                generator=self.data_generator).numpy()
         loss_sum = torch.zeros((), device=procs.device)

@@ -712,6 +712,42 @@ def test_lev_layernorm_gains_and_biases_are_not_decayed():
     assert {"tok_emb.ln_weight", "tok_emb.ln_bias"} <= plain
 
 
+@arms
+def test_configure_optimizers_default_groups_are_the_two_of_before(arm):
+    """lev_lr_scale = lev_wd_scale = 1: decay and no_decay, in this order, as before the settings existed (so that
+    the optimizer states of older checkpoints load), whatever the arm."""
+    model = tiny_model(arm)
+    not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
+    decay = [name for name, p in model.named_parameters() if p.dim() >= 2 and name not in not_decayed]
+    no_decay = [name for name, p in model.named_parameters() if p.dim() < 2 or name in not_decayed]
+    names = {id(p): name for name, p in model.named_parameters()}
+
+    def groups(**scales):
+        optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, **scales)
+        return [([names[id(p)] for p in g["params"]], g["weight_decay"], g["lr_scale"]) for g in optimizer.param_groups]
+
+    expected = [(decay, 0.1, 1.0), (no_decay, 0.0, 1.0)]
+    assert groups() == groups(lev_lr_scale=1.0, lev_wd_scale=1.0) == expected
+    if arm != "lev":  # no LEV: the scales change nothing
+        assert groups(lev_lr_scale=0.5, lev_wd_scale=2.0) == expected
+
+
+def test_configure_optimizers_gives_lev_groups_of_its_own():
+    model = tiny_model("lev")
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, lev_lr_scale=0.5, lev_wd_scale=3.0)
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = [({names[id(p)] for p in g["params"]}, g["weight_decay"], g["lr_scale"]) for g in optimizer.param_groups]
+    assert [(wd, scale) for _, wd, scale in groups] == [(0.1, 1.0), (0.0, 1.0), (pytest.approx(0.3), 0.5), (0.0, 0.5)]
+    assert groups[2][0] == {"tok_emb.codebooks", "tok_emb.seed_proj", "tok_emb.out_proj"}
+    assert groups[3][0] == {"tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias"}
+    assert not any(name.startswith("tok_emb.") for name in groups[0][0] | groups[1][0])
+    assert "lm_head.weight" in groups[0][0] and "norm.weight" in groups[1][0]
+    # a frozen LEV: its groups would be empty, and are left out
+    model.tok_emb.requires_grad_(False)
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, lev_lr_scale=0.5)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Checkpoints
 

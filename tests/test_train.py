@@ -112,6 +112,46 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
         assert all(torch.equal(final[k], resumed[k]) for k in final), other
 
 
+def test_lev_lr_and_wd_scales_reach_the_optimizer(tmp_path, char_data, capsys):
+    """After a step, LEV's groups have lr = the schedule's lr * lev_lr_scale and weight_decay * lev_wd_scale; the
+    rest keep the schedule's lr and weight_decay. With the defaults, the two groups of before."""
+    code, _, err = run_train(capsys, char_data, tmp_path / "scaled", "--max_iters=2", "--eval_interval=2",
+                             "--lev_lr_scale=0.5", "--lev_wd_scale=3", "--weight_decay=0.1")
+    assert code == 0, err
+    ckpt = torch.load(tmp_path / "scaled" / "ckpt.pt", weights_only=True)
+    lr = train.get_lr(1, ckpt["train_config"])  # the lr of the last step, step 1
+    groups = ckpt["optimizer"]["param_groups"]
+    assert [(g["lr"], g["weight_decay"], g["lr_scale"]) for g in groups] == [
+        (lr, 0.1, 1.0), (lr, 0.0, 1.0), (0.5 * lr, pytest.approx(0.3), 0.5), (0.5 * lr, 0.0, 0.5)]
+    assert [len(g["params"]) for g in groups[2:]] == [3, 3]  # codebooks, seed_proj, out_proj; spline, ln_*
+    assert ckpt["train_config"]["lev_lr_scale"] == 0.5 and ckpt["train_config"]["lev_wd_scale"] == 3.0
+
+    assert run_train(capsys, char_data, tmp_path / "default", "--max_iters=2", "--eval_interval=2")[0] == 0
+    groups = torch.load(tmp_path / "default" / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [(g["lr"], g["weight_decay"], g["lr_scale"]) for g in groups] == [(lr, 0.1, 1.0), (lr, 0.0, 1.0)]
+
+
+def test_resume_with_lev_scales_continues_exactly(tmp_path, char_data, capsys):
+    """A run with LEV's own groups resumes exactly (its groups are rebuilt from the checkpoint's settings); a run
+    of the default groups may be resumed with other scales: each parameter keeps its AdamW state."""
+    run = ["--eval_interval=2", "--lr_decay_iters=4", "--lev_lr_scale=0.5", "--lev_wd_scale=2"]
+    assert run_train(capsys, char_data, tmp_path / "straight", *run, "--max_iters=4")[0] == 0
+    assert run_train(capsys, char_data, tmp_path / "split", *run, "--max_iters=2")[0] == 0
+    code, out, err = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume", "--max_iters=4")
+    assert code == 0 and "resuming at step 2" in out, err
+    assert losses(tmp_path / "split") == losses(tmp_path / "straight")
+    final, resumed = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+
+    assert run_train(capsys, char_data, tmp_path / "changed", "--max_iters=2", "--eval_interval=2")[0] == 0
+    code, out, err = run_train(capsys, char_data, tmp_path / "changed", "--init_from=resume", "--max_iters=4",
+                               "--lev_lr_scale=0.5")
+    assert code == 0, err
+    optimizer = torch.load(tmp_path / "changed" / "ckpt.pt", weights_only=True)["optimizer"]
+    assert [g["lr_scale"] for g in optimizer["param_groups"]] == [1.0, 1.0, 0.5, 0.5]
+    assert {int(state["step"]) for state in optimizer["state"].values()} == {4}  # 2 steps, then 2 more
+
+
 def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsys):
     """A checkpoint written before a run setting existed (here lev_chunk) resumes with that setting's default."""
     assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
