@@ -440,8 +440,9 @@ def grad_parts(model):
 
 
 def clipped(grad_norm, grad_clip):
-    """Whether clip_grad_norm_ scaled a step's gradients down (grad_clip 0: no clipping)."""
-    return grad_clip > 0 and grad_norm > grad_clip
+    """Whether clip_grad_norm_ scaled a step's gradients down (grad_clip 0: no clipping; a non-finite norm: a float16
+    step that the GradScaler skipped)."""
+    return grad_clip > 0 and math.isfinite(grad_norm) and grad_norm > grad_clip
 
 
 class GradStats:

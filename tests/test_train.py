@@ -197,6 +197,26 @@ def test_gradient_diagnostics_in_the_log(tmp_path, char_data, capsys):
     assert 0 < last["grad_norm"] < math.inf and "clipped" not in out
 
 
+def test_grad_stats_leave_out_steps_the_grad_scaler_skipped():
+    """A float16 step with inf gradients changes nothing (the GradScaler skips it): not counted, nor called clipped."""
+    torch.manual_seed(0)
+    model = leviathan.GPT(leviathan.Config(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16,
+                                           embedding="untied"))
+    model(torch.randint(0, 20, (2, 8)), torch.randint(0, 20, (2, 8)))[1].backward()
+    stats = train.GradStats(model, grad_clip=1.0)
+    stats.measure_parts()
+    stats.add(float("inf"))
+    assert stats.record() == {"grad_norm": None, "clip_fraction": None, "grad_norms": None}
+    assert not train.clipped(float("inf"), 1.0) and not train.clipped(float("nan"), 1.0)
+    stats.measure_parts()
+    stats.add(0.5)
+    stats.measure_parts()
+    stats.add(1.5)
+    record = stats.record()
+    assert record["grad_norm"] == 1.0 and record["clip_fraction"] == 0.5
+    assert list(record["grad_norms"]) == ["embedding", "backbone", "head"]
+
+
 def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsys):
     """A checkpoint written before a run setting existed (here lev_chunk) resumes with that setting's default."""
     assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
