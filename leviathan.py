@@ -58,6 +58,9 @@ class Config:
     lev_rank: int = setting(64, "LEV: r, outputs of each spline, i.e. length of a mode")
     lev_normalize_basis: bool = setting(True, "LEV: divide the spline basis by its sum over knots (a partition "
                                               "of unity also at the two ends of [0, 1])")
+    # LEV's initialisation, which the paper leaves open: ours
+    lev_out_init_std: float = setting(0.02, "LEV (ours; the paper leaves LEV's initialisation open): W_out starts "
+                                            "as N(0, std^2 / h)")
 
     def __post_init__(self):
         def need(ok, msg):
@@ -78,6 +81,9 @@ class Config:
              f"head size n_embd/n_head={self.n_embd // self.n_head} must be even for rotary embeddings")
         need(isinstance(self.dropout, float | int) and 0.0 <= self.dropout < 1.0,
              f"dropout={self.dropout} must be in [0, 1)")
+        std = self.lev_out_init_std
+        need(isinstance(std, float | int) and not isinstance(std, bool) and math.isfinite(std) and std > 0,
+             f"lev_out_init_std={std!r} must be a finite number > 0")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -156,7 +162,8 @@ class LEV(nn.Module):
         self.ln_bias = nn.Parameter(torch.zeros(h, d))
         # near 1, so that the 128-factor product starts near 1 rather than at 0 or infinity
         self.spline = nn.Parameter(1.0 + 0.1 * torch.randn(h, d, c.lev_knots, r))  # S
-        self.out_proj = nn.Parameter(torch.randn(h, r, c.n_embd) * 0.02 / math.sqrt(h))  # W_out
+        # 1/sqrt(h): the h heads' outputs are summed
+        self.out_proj = nn.Parameter(torch.randn(h, r, c.n_embd) * c.lev_out_init_std / math.sqrt(h))  # W_out
         # run settings of the fast path (section 4): ids per chunk (64 suits a CPU's caches), and whether
         # training runs its two kernels through torch.compile (~2.3x faster on CPU; same sums)
         self.chunk = 64
@@ -411,17 +418,28 @@ class GPT(nn.Module):
         loss = F.cross_entropy(wide, targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return logits, loss.view(B, T) if reduction == "none" else loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), device_type="cpu"):
+    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95), device_type="cpu",
+                             lev_lr_scale=1.0, lev_wd_scale=1.0):
         """AdamW. Decay matrices and tables (dim >= 2), not norms' gains and biases (LEV's per-head LayerNorm
         ones are 2-D), and not LEV's spline coefficients S: decay pulls each factor towards 0, and so a
-        128-factor product much faster still."""
+        128-factor product much faster still.
+
+        lev_lr_scale, lev_wd_scale: LEV's learning rate and weight decay as multiples of the others' (lev arm only).
+        Each group's "lr_scale" is the factor a schedule multiplies its lr by. With both at 1 there are two groups,
+        decay and no_decay, as before these settings existed, so that older optimizer states still load; otherwise
+        LEV's parameters get groups of their own after those two (one per kind that has parameters)."""
         not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
-        decay, no_decay = [], []
+        own_lev_groups = self.config.embedding == "lev" and (lev_lr_scale != 1 or lev_wd_scale != 1)
+        groups = {"decay": {"params": [], "weight_decay": weight_decay, "lr_scale": 1.0},
+                  "no_decay": {"params": [], "weight_decay": 0.0, "lr_scale": 1.0},
+                  "lev.decay": {"params": [], "weight_decay": weight_decay * lev_wd_scale, "lr_scale": lev_lr_scale},
+                  "lev.no_decay": {"params": [], "weight_decay": 0.0, "lr_scale": lev_lr_scale}}
         for name, p in self.named_parameters():
             if p.requires_grad:
-                (decay if p.dim() >= 2 and name not in not_decayed else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+                kind = "decay" if p.dim() >= 2 and name not in not_decayed else "no_decay"
+                groups[f"lev.{kind}" if own_lev_groups and name.startswith("tok_emb.") else kind]["params"].append(p)
+        used = [group for key, group in groups.items() if group["params"] or not key.startswith("lev.")]
+        return torch.optim.AdamW(used, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
     # -- generation --
 

@@ -18,12 +18,14 @@ Fair comparisons: every arm with the same seed draws the same training batches (
 generator, independent of the model's initialization), and validation always uses the same fixed windows of the
 val split (prepare_data.eval_windows), so lev, tied and untied see exactly the same tokens.
 
-Output: out_dir/log.jsonl gets one record per evaluation (step 0 included). out_dir/ckpt.pt is the latest state
-(model, optimizer, settings, data order and RNG states): it is written after every evaluation (every
-eval_interval steps and at the last step) and when the run is stopped with Ctrl-C (or SIGTERM). Resuming continues
-exactly: 10 steps, then 10 more with --init_from=resume, give the same losses and weights as 20 steps. A
-non-finite loss, gradient norm or validation loss stops the run before anything is saved, so ckpt.pt always
-holds the last good state; a scratch run refuses an out_dir that already holds a run (see --overwrite).
+Output: out_dir/log.jsonl gets one record per evaluation (step 0 included): losses, lr, and the gradients of the
+steps since the previous record (grad_norm before clipping, clip_fraction, grad_norms of each part; README).
+out_dir/ckpt.pt is the latest state (model, optimizer, settings, data order and RNG states): it is written after
+every evaluation (every eval_interval steps and at the last step) and when the run is stopped with Ctrl-C (or
+SIGTERM). Resuming continues exactly: 10 steps, then 10 more with --init_from=resume, give the same losses and
+weights as 20 steps. A non-finite loss, gradient norm or validation loss stops the run before anything is saved,
+so ckpt.pt always holds the last good state; a scratch run refuses an out_dir that already holds a run (see
+--overwrite).
 """
 
 import ast
@@ -77,6 +79,9 @@ SETTINGS = {
     "lr_decay_iters": (0, "step at which the cosine decay reaches min_lr; 0 means max_iters (fixed at the start "
                           "of a run, so that resuming with a larger max_iters keeps the schedule)"),
     "weight_decay": (0.1, "AdamW weight decay (matrices and tables only)"),
+    "lev_lr_scale": (1.0, "lev arm: LEV's learning rate as a multiple of the schedule's (warmup, cosine, min_lr)"),
+    "lev_wd_scale": (1.0, "lev arm: LEV's weight decay (codebooks, seed_proj, out_proj) as a multiple of "
+                          "weight_decay"),
     "beta1": (0.9, "AdamW beta1"),
     "beta2": (0.95, "AdamW beta2"),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping"),
@@ -195,6 +200,11 @@ def check_settings(s):
     for key in ("max_iters", "eval_iters", "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip"):
         need(s[key] >= 0, f"{key}={s[key]} must be >= 0")
     need(s["learning_rate"] > 0, f"learning_rate={s['learning_rate']} must be > 0")
+    need(s["lev_lr_scale"] > 0, f"lev_lr_scale={s['lev_lr_scale']} must be > 0")
+    need(s["lev_wd_scale"] >= 0, f"lev_wd_scale={s['lev_wd_scale']} must be >= 0")
+    for key in ("lev_lr_scale", "lev_wd_scale"):  # refused rather than silently ignored
+        need(s["embedding"] == "lev" or s[key] == 1, f"{key}={s[key]} applies to LEV, and --embedding="
+                                                     f"{s['embedding']} has none; drop --{key} (or set it to 1)")
     need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
                                             f"{s['learning_rate']} (the decay goes down to min_lr)")
     need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
@@ -306,12 +316,11 @@ def resolve_run(s, explicit):
     for key, value in ckpt["train_config"].items():
         if key in SETTINGS and key not in MODEL and key not in explicit and key not in ("out_dir", "init_from"):
             set_setting(s, key, value, f"{ckpt_path} (train_config)")  # a hand-edit could hold any type
-    for key, value in ckpt["model_config"].items():  # the model is the checkpoint's; a flag may not change it
-        if key in MODEL and key in explicit and s[key] != value:
+    for key, value in saved_architecture(ckpt["model_config"]).items():  # the checkpoint's; a flag may not change it
+        if key in explicit and s[key] != value:
             raise SettingsError(f"{ckpt_path} has {key}={value!r}, this run asks for {s[key]!r}; a resumed run "
                                 f"keeps its model (drop --{key}, or use another out_dir)")
-        if key in MODEL:
-            s[key] = value
+        s[key] = value
     check_settings(s)
     return ckpt
 
@@ -320,15 +329,21 @@ def read_source(s, explicit):
     """The checkpoint a fine-tuning run starts from; its architecture becomes this run's (flags may change
     dropout only)."""
     source, path = common.read_checkpoint(s["init_from"], "cpu")
-    for key, value in source["model_config"].items():
-        if key in MODEL and key in explicit and s[key] != value and key != "dropout":
+    for key, value in saved_architecture(source["model_config"]).items():
+        if key in explicit and s[key] != value and key != "dropout":
             raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; fine-tuning keeps the "
                                 f"source's architecture (drop --{key})")
-        if key in MODEL and (key != "dropout" or key not in explicit):
+        if key != "dropout" or key not in explicit:
             s[key] = value
     source["path"] = path
     check_settings(s)
     return source
+
+
+def saved_architecture(model_config):
+    """A checkpoint's model settings (MODEL's keys). One written before a Config field existed holds no value for
+    it: the field's default, which is also what Config(**model_config) gives its model."""
+    return {key: model_config.get(key, default) for key, (default, _) in MODEL.items()}
 
 
 def freeze(model, parts):
@@ -399,6 +414,83 @@ def restore_rng(ckpt, data_generator, device, path):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Gradient diagnostics: what each log.jsonl record says about the gradients since the previous one
+
+LEV_PARTS = {"codebooks": "lev.codebooks", "seed_proj": "lev.seed_proj", "ln_weight": "lev.ln", "ln_bias": "lev.ln",
+             "spline": "lev.spline", "out_proj": "lev.out_proj"}  # LEV's parameter -> its part
+GRAD_PARTS = ("embedding", "embedding+head", "backbone", "head", *dict.fromkeys(LEV_PARTS.values()))
+
+
+def grad_parts(model):
+    """Part -> its trainable parameters, in GRAD_PARTS's order: embedding (tok_emb; the tied arm's table, which is
+    the head too, as embedding+head), backbone (the blocks and the final norm), head (lm_head), and in the lev arm
+    LEV's own parts as well. A part with nothing to train (frozen) is left out."""
+    arm, parts = model.config.embedding, {}
+    for name, p in model.named_parameters():  # the tied table is listed once, as tok_emb's
+        if not p.requires_grad:
+            continue
+        module, _, rest = name.partition(".")
+        if module == "tok_emb":
+            names = ["embedding+head" if arm == "tied" else "embedding"] + ([LEV_PARTS[rest]] if arm == "lev" else [])
+        else:
+            names = ["head" if module == "lm_head" else "backbone"]
+        for part in names:
+            parts.setdefault(part, []).append(p)
+    return {part: parts[part] for part in GRAD_PARTS if part in parts}
+
+
+def clipped(grad_norm, grad_clip):
+    """Whether clip_grad_norm_ scaled a step's gradients down (grad_clip 0: no clipping; a non-finite norm: a float16
+    step that the GradScaler skipped)."""
+    return grad_clip > 0 and math.isfinite(grad_norm) and grad_norm > grad_clip
+
+
+class GradStats:
+    """The optimizer steps since the previous log record: their mean total gradient norm before clipping, the
+    fraction of them clipped, and the mean gradient norm of each part of the model (grad_parts). The norms are of
+    the unscaled gradients each process holds after DDP's all-reduce. The part norms add up on the device and are
+    read once per record, so the steps in between wait for nothing."""
+
+    def __init__(self, model, grad_clip):
+        self.parts, self.grad_clip = grad_parts(model), grad_clip
+        self.part_norms = None  # the current step's, from measure_parts()
+        self.reset()
+
+    def reset(self):
+        self.steps, self.clipped, self.norm_sum, self.part_norm_sums = 0, 0, 0.0, 0.0
+
+    def measure_parts(self):
+        """Take each part's gradient norm now: after unscaling and before clipping changes the gradients.
+        Parameters without a gradient are skipped."""
+        norms = []
+        for params in self.parts.values():
+            grads = [p.grad for p in params if p.grad is not None]
+            norms.append(torch.nn.utils.get_total_norm(grads) if grads else params[0].new_zeros(()))
+        self.part_norms = torch.stack(norms)
+
+    def add(self, grad_norm):
+        """Count a step of total gradient norm grad_norm, with the part norms measure_parts() took. A float16 step
+        that the GradScaler skipped (inf or NaN gradients) changed nothing, and is not counted."""
+        if not math.isfinite(grad_norm):
+            return
+        self.steps += 1
+        self.clipped += clipped(grad_norm, self.grad_clip)
+        self.norm_sum += grad_norm
+        self.part_norm_sums = self.part_norm_sums + self.part_norms
+
+    def record(self):
+        """grad_norm, clip_fraction and grad_norms for a log record (None without steps, clip_fraction also
+        without clipping); then start afresh."""
+        n = self.steps
+        part_means = (self.part_norm_sums / n).tolist() if n else None
+        stats = {"grad_norm": self.norm_sum / n if n else None,
+                 "clip_fraction": self.clipped / n if n and self.grad_clip > 0 else None,
+                 "grad_norms": dict(zip(self.parts, part_means, strict=True)) if n else None}
+        self.reset()
+        return stats
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Training
 
 
@@ -426,18 +518,33 @@ class Trainer:
         set_runtime(self.model, lev_chunk=s["lev_chunk"], lev_compile=s["lev_compile"],
                     lean_head=s["lean_head"])
         self.model.to(procs.device)
-        self.optimizer = self.model.configure_optimizers(s["weight_decay"], s["learning_rate"],
-                                                         (s["beta1"], s["beta2"]), procs.device.type)
+        self.grad_stats = GradStats(self.model, s["grad_clip"])  # empty at a resume too: not in checkpoints
+        self.optimizer = self.new_optimizer(s["lev_lr_scale"], s["lev_wd_scale"])
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")
         if s["init_from"] == "resume":
             try:
-                self.optimizer.load_state_dict(ckpt["optimizer"])
+                self.load_optimizer_state(ckpt)
                 if "scaler" in ckpt:
                     self.scaler.load_state_dict(ckpt["scaler"])
             except (KeyError, TypeError, ValueError, RuntimeError) as e:
                 raise SettingsError(f"{self.ckpt_path}: its optimizer state does not fit the model "
                                     f"({common.one_line(e)[:200]}); it was edited or damaged") from None
         self.t_start = time.time()
+
+    def new_optimizer(self, lev_lr_scale, lev_wd_scale):
+        s = self.s
+        return self.model.configure_optimizers(s["weight_decay"], s["learning_rate"], (s["beta1"], s["beta2"]),
+                                               self.procs.device.type, lev_lr_scale, lev_wd_scale)
+
+    def load_optimizer_state(self, ckpt):
+        """The checkpoint's optimizer state, read into the groups its run had (they depend on its lev_lr_scale and
+        lev_wd_scale, 1 in checkpoints older than them), then handed over parameter by parameter: a resume may
+        change those settings, and with them whether LEV has groups of its own. The groups keep this run's settings."""
+        saved = ckpt["train_config"]
+        as_saved = self.new_optimizer(saved.get("lev_lr_scale", 1.0), saved.get("lev_wd_scale", 1.0))
+        as_saved.load_state_dict(ckpt["optimizer"])
+        for p, state in as_saved.state.items():
+            self.optimizer.state[p] = state
 
     def fine_tune(self, source):
         """The source checkpoint's model, with its weights (dropout as this run asks)."""
@@ -522,7 +629,8 @@ class Trainer:
             return False
         self.best_val_loss = min(self.best_val_loss, val_loss)
         record = {"step": self.step, "tokens": self.tokens_seen, "train_loss": train_loss, "val_loss": val_loss,
-                  "lr": get_lr(self.step, s), "elapsed_s": round(self.elapsed(), 3), "embedding": s["embedding"]}
+                  "lr": get_lr(self.step, s), **self.grad_stats.record(), "elapsed_s": round(self.elapsed(), 3),
+                  "embedding": s["embedding"]}
         if self.origin is not None:
             record["init_from"] = self.origin["checkpoint"]
         if self.procs.master:
@@ -549,7 +657,7 @@ class Trainer:
         T, B = s["block_size"], s["batch_size"]
         lr = get_lr(self.step, s)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]  # LEV's groups: lev_lr_scale
         starts = torch.randint(len(self.data.train) - T, (s["gradient_accumulation_steps"] * B,),
                                generator=self.data_generator).numpy()
         loss_sum = torch.zeros((), device=procs.device)
@@ -563,6 +671,7 @@ class Trainer:
             loss_sum += loss.detach()
             self.scaler.scale(loss / procs.local_accum).backward()
         self.scaler.unscale_(self.optimizer)
+        self.grad_stats.measure_parts()  # before clipping changes the gradients
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s["grad_clip"] or float("inf"))
         # one all-reduce: the step's mean loss, and whether any process was asked to stop
         stop_requested = torch.tensor(float(bool(stop_signal)), device=procs.device)  # a signal during this step
@@ -581,7 +690,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += s["gradient_accumulation_steps"] * B * T
-        return step_loss, grad_norm.item(), stop, lr
+        grad_norm = grad_norm.item()
+        self.grad_stats.add(grad_norm)
+        return step_loss, grad_norm, stop, lr
 
 
 def start_log(trainer, s):
@@ -617,7 +728,7 @@ def train_loop(trainer, fast_model, train_model, stop_signal):
     s, procs = trainer.s, trainer.procs
     max_iters, eval_interval = s["max_iters"], s["eval_interval"]
     tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
-    t_log, steps_since_log, trainer.last_eval_s = time.time(), 0, 0.0
+    t_log, steps_since_log, clipped_since_log, trainer.last_eval_s = time.time(), 0, 0, 0.0
     while True:
         if trainer.step % eval_interval == 0 or trainer.step == max_iters:
             if not trainer.evaluate_and_save(fast_model):
@@ -630,14 +741,16 @@ def train_loop(trainer, fast_model, train_model, stop_signal):
             return 1
         step_loss, grad_norm, stop, lr = result
         steps_since_log += 1
+        clipped_since_log += clipped(grad_norm, s["grad_clip"])
         if trainer.step % s["log_interval"] == 0 or stop:
             step_s = (time.time() - t_log) / steps_since_log
             evals_left = max_iters // eval_interval - trainer.step // eval_interval + (max_iters % eval_interval > 0)
             eta = (max_iters - trainer.step) * step_s + evals_left * trainer.last_eval_s
+            clip = f" | clipped {100 * clipped_since_log / steps_since_log:.0f}%" if s["grad_clip"] > 0 else ""
             procs.log(f"step {trainer.step}/{max_iters} | loss {step_loss:.4f} | lr {lr:.2e} | grad norm "
-                      f"{grad_norm:.3f} | {1000 * step_s:.0f} ms/step | {tokens_per_step / step_s:,.0f} tok/s | "
+                      f"{grad_norm:.3f}{clip} | {1000 * step_s:.0f} ms/step | {tokens_per_step / step_s:,.0f} tok/s | "
                       f"ETA {format_seconds(eta)}")
-            t_log, steps_since_log = time.time(), 0
+            t_log, steps_since_log, clipped_since_log = time.time(), 0, 0
         if stop:
             trainer.save()
             procs.log(f"stopped at step {trainer.step}; saved {trainer.ckpt_path}. Continue with: python train.py "

@@ -213,6 +213,12 @@ def test_out_of_range_ids_raise_value_error(arm, bad):
     (dict(n_layer=0), "n_layer=0 must be a positive integer"),
     (dict(lev_knots=2), "lev_knots=2 must be at least 3"),
     (dict(dropout=1.0), r"dropout=1.0 must be in \[0, 1\)"),
+    (dict(lev_out_init_std=0.0), "lev_out_init_std=0.0 must be a finite number > 0"),
+    (dict(lev_out_init_std=-1), "lev_out_init_std=-1 must be a finite number > 0"),
+    (dict(lev_out_init_std=float("nan")), "lev_out_init_std=nan must be a finite number > 0"),
+    (dict(lev_out_init_std=float("inf")), "lev_out_init_std=inf must be a finite number > 0"),
+    (dict(lev_out_init_std="0.02"), "lev_out_init_std='0.02' must be a finite number > 0"),
+    (dict(lev_out_init_std=True), "lev_out_init_std=True must be a finite number > 0"),
 ])
 def test_config_validation(overrides, message):
     with pytest.raises(ValueError, match="Config: " + message):
@@ -665,6 +671,22 @@ def test_digits_round_trip(vocab_size, n_digits):
     assert torch.equal((digits * powers).sum(-1), ids)
 
 
+def test_lev_out_init_std_scales_w_out_only():
+    """W_out ~ N(0, std^2 / h) from the same random draws: the default (0.02) is the initialisation LEV always had,
+    another std scales W_out alone."""
+    config = lev_config(lev_heads=2, lev_seed_dim=4, lev_knots=5, lev_rank=3)
+    torch.manual_seed(0)
+    default = LEV(config)
+    torch.manual_seed(0)  # the draws of LEV.__init__, in its order, with the formula it had before the setting
+    draws = [torch.randn(3, default.base, 4), torch.randn(2, 4, 4), torch.randn(2, 4, 5, 3), torch.randn(2, 3, 12)]
+    assert torch.equal(default.out_proj, draws[-1] * 0.02 / math.sqrt(2))
+    torch.manual_seed(0)
+    doubled = LEV(dataclasses.replace(config, lev_out_init_std=0.04))
+    assert torch.equal(doubled.out_proj, 2 * default.out_proj)
+    assert all(torch.equal(getattr(doubled, name), getattr(default, name))
+               for name in ("codebooks", "seed_proj", "ln_weight", "ln_bias", "spline"))
+
+
 def test_digits_are_most_significant_first():
     lev = LEV(lev_config(1000, 4, lev_digits=3, lev_seed_dim=2, lev_heads=1, lev_knots=3, lev_rank=1))
     assert lev.base == 10
@@ -706,6 +728,42 @@ def test_lev_layernorm_gains_and_biases_are_not_decayed():
     assert {"tok_emb.ln_weight", "tok_emb.ln_bias"} <= plain
 
 
+@arms
+def test_configure_optimizers_default_groups_are_the_two_of_before(arm):
+    """lev_lr_scale = lev_wd_scale = 1: decay and no_decay, in this order, as before the settings existed (so that
+    the optimizer states of older checkpoints load), whatever the arm."""
+    model = tiny_model(arm)
+    not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
+    decay = [name for name, p in model.named_parameters() if p.dim() >= 2 and name not in not_decayed]
+    no_decay = [name for name, p in model.named_parameters() if p.dim() < 2 or name in not_decayed]
+    names = {id(p): name for name, p in model.named_parameters()}
+
+    def groups(**scales):
+        optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, **scales)
+        return [([names[id(p)] for p in g["params"]], g["weight_decay"], g["lr_scale"]) for g in optimizer.param_groups]
+
+    expected = [(decay, 0.1, 1.0), (no_decay, 0.0, 1.0)]
+    assert groups() == groups(lev_lr_scale=1.0, lev_wd_scale=1.0) == expected
+    if arm != "lev":  # no LEV: the scales change nothing
+        assert groups(lev_lr_scale=0.5, lev_wd_scale=2.0) == expected
+
+
+def test_configure_optimizers_gives_lev_groups_of_its_own():
+    model = tiny_model("lev")
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, lev_lr_scale=0.5, lev_wd_scale=3.0)
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = [({names[id(p)] for p in g["params"]}, g["weight_decay"], g["lr_scale"]) for g in optimizer.param_groups]
+    assert [(wd, scale) for _, wd, scale in groups] == [(0.1, 1.0), (0.0, 1.0), (pytest.approx(0.3), 0.5), (0.0, 0.5)]
+    assert groups[2][0] == {"tok_emb.codebooks", "tok_emb.seed_proj", "tok_emb.out_proj"}
+    assert groups[3][0] == {"tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias"}
+    assert not any(name.startswith("tok_emb.") for name in groups[0][0] | groups[1][0])
+    assert "lm_head.weight" in groups[0][0] and "norm.weight" in groups[1][0]
+    # a frozen LEV: its groups would be empty, and are left out
+    model.tok_emb.requires_grad_(False)
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, lev_lr_scale=0.5)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Checkpoints
 
@@ -741,6 +799,18 @@ def test_checkpoint_round_trip_gives_identical_logits(arm, tmp_path):
             assert torch.equal(loaded(idx, targets=idx)[0], expected)
         if arm == "tied":
             assert loaded.lm_head.weight is loaded.tok_emb.weight
+
+
+def test_checkpoint_older_than_a_config_field_loads_with_its_default(tmp_path):
+    """A checkpoint written before lev_out_init_std existed: the field's default fills it in."""
+    model = tiny_model("lev")
+    write_checkpoint(model, tmp_path / "ckpt.pt")
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del ckpt["model_config"]["lev_out_init_std"]
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    loaded, _ = load_checkpoint(tmp_path)
+    assert loaded.config == model.config and loaded.config.lev_out_init_std == 0.02
+    assert all(torch.equal(loaded.state_dict()[k], t) for k, t in model.state_dict().items())
 
 
 def test_checkpoint_of_another_version_is_refused(tmp_path):

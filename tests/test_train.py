@@ -4,6 +4,7 @@ Most runs call train.main in-process (importing torch once per process is the sl
 itself runs as a subprocess once, and DDP under torch.distributed.run once."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -56,11 +57,13 @@ def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
     assert result.returncode == 0, result.stderr
     progress = [line for line in result.stdout.splitlines() if "ms/step" in line]
     assert len(progress) == 4
-    assert all(key in line for line in progress for key in ("| loss ", "| lr ", "| grad norm ", "tok/s", "| ETA "))
+    assert all(key in line for line in progress
+               for key in ("| loss ", "| lr ", "| grad norm ", "| clipped ", "tok/s", "| ETA "))
     out = tmp_path / "out-tiny_bpe-lev"  # the default out_dir names the dataset and the arm
     records = read_log(out)
     assert [r["step"] for r in records] == [0, 2, 4]
-    assert set(records[0]) == {"step", "tokens", "train_loss", "val_loss", "lr", "elapsed_s", "embedding"}
+    assert set(records[0]) == {"step", "tokens", "train_loss", "val_loss", "lr", "grad_norm", "clip_fraction",
+                               "grad_norms", "elapsed_s", "embedding"}
     assert [r["tokens"] for r in records] == [0, 2 * 4 * 16, 4 * 4 * 16]
     assert records[0]["lr"] > 0 and records[0]["embedding"] == "lev"
     assert records[-1]["val_loss"] < records[0]["val_loss"]
@@ -105,11 +108,113 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
     expected = losses(tmp_path / "straight")
     assert [r[0] for r in expected] == [0, 4, 8]
     assert losses(tmp_path / "split") == expected
+    # the gradient diagnostics restart empty at a resume: none at the step resumed from, then those of the same steps
+    straight, split = read_log(tmp_path / "straight"), read_log(tmp_path / "split")
+    assert split[1]["grad_norm"] is None and straight[1]["grad_norm"] is not None
+    assert [split[2][k] for k in GRAD_KEYS] == [straight[2][k] for k in GRAD_KEYS]
     assert losses(tmp_path / "ctrl_c") == expected
     final = weights(tmp_path / "straight")
     for other in ("split", "ctrl_c"):
         resumed = weights(tmp_path / other)
         assert all(torch.equal(final[k], resumed[k]) for k in final), other
+
+
+def test_lev_lr_and_wd_scales_reach_the_optimizer(tmp_path, char_data, capsys):
+    """After a step, LEV's groups have lr = the schedule's lr * lev_lr_scale and weight_decay * lev_wd_scale; the
+    rest keep the schedule's lr and weight_decay. With the defaults, the two groups of before."""
+    code, _, err = run_train(capsys, char_data, tmp_path / "scaled", "--max_iters=2", "--eval_interval=2",
+                             "--lev_lr_scale=0.5", "--lev_wd_scale=3", "--weight_decay=0.1")
+    assert code == 0, err
+    ckpt = torch.load(tmp_path / "scaled" / "ckpt.pt", weights_only=True)
+    lr = train.get_lr(1, ckpt["train_config"])  # the lr of the last step, step 1
+    groups = ckpt["optimizer"]["param_groups"]
+    assert [(g["lr"], g["weight_decay"], g["lr_scale"]) for g in groups] == [
+        (lr, 0.1, 1.0), (lr, 0.0, 1.0), (0.5 * lr, pytest.approx(0.3), 0.5), (0.5 * lr, 0.0, 0.5)]
+    assert [len(g["params"]) for g in groups[2:]] == [3, 3]  # codebooks, seed_proj, out_proj; spline, ln_*
+    assert ckpt["train_config"]["lev_lr_scale"] == 0.5 and ckpt["train_config"]["lev_wd_scale"] == 3.0
+
+    assert run_train(capsys, char_data, tmp_path / "default", "--max_iters=2", "--eval_interval=2")[0] == 0
+    groups = torch.load(tmp_path / "default" / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [(g["lr"], g["weight_decay"], g["lr_scale"]) for g in groups] == [(lr, 0.1, 1.0), (lr, 0.0, 1.0)]
+
+
+def test_resume_with_lev_scales_continues_exactly(tmp_path, char_data, capsys):
+    """A run with LEV's own groups resumes exactly (its groups are rebuilt from the checkpoint's settings); a run
+    of the default groups may be resumed with other scales: each parameter keeps its AdamW state."""
+    run = ["--eval_interval=2", "--lr_decay_iters=4", "--lev_lr_scale=0.5", "--lev_wd_scale=2"]
+    assert run_train(capsys, char_data, tmp_path / "straight", *run, "--max_iters=4")[0] == 0
+    assert run_train(capsys, char_data, tmp_path / "split", *run, "--max_iters=2")[0] == 0
+    code, out, err = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume", "--max_iters=4")
+    assert code == 0 and "resuming at step 2" in out, err
+    assert losses(tmp_path / "split") == losses(tmp_path / "straight")
+    final, resumed = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+
+    assert run_train(capsys, char_data, tmp_path / "changed", "--max_iters=2", "--eval_interval=2")[0] == 0
+    code, out, err = run_train(capsys, char_data, tmp_path / "changed", "--init_from=resume", "--max_iters=4",
+                               "--lev_lr_scale=0.5")
+    assert code == 0, err
+    optimizer = torch.load(tmp_path / "changed" / "ckpt.pt", weights_only=True)["optimizer"]
+    assert [g["lr_scale"] for g in optimizer["param_groups"]] == [1.0, 1.0, 0.5, 0.5]
+    assert {int(state["step"]) for state in optimizer["state"].values()} == {4}  # 2 steps, then 2 more
+
+
+GRAD_KEYS = ("grad_norm", "clip_fraction", "grad_norms")
+
+
+def test_gradient_diagnostics_in_the_log(tmp_path, char_data, capsys):
+    """Each record after step 0 gives the mean gradient norm before clipping, the fraction of steps clipped and the
+    norm of each part; with one step per record the parts' norms make up the total exactly."""
+    code, out, err = run_train(capsys, char_data, tmp_path / "lev", "--max_iters=2", "--eval_interval=1")
+    assert code == 0, err
+    records = read_log(tmp_path / "lev")
+    assert [records[0][k] for k in GRAD_KEYS] == [None, None, None]  # no step yet
+    for r in records[1:]:
+        parts = r["grad_norms"]
+        assert list(parts) == ["embedding", "backbone", "head", "lev.codebooks", "lev.seed_proj", "lev.ln",
+                               "lev.spline", "lev.out_proj"]
+        assert all(math.isfinite(norm) and norm > 0 for norm in parts.values()) and math.isfinite(r["grad_norm"])
+        assert r["clip_fraction"] in (0.0, 1.0)  # one step per record
+        whole = math.hypot(parts["embedding"], parts["backbone"], parts["head"])
+        assert whole == pytest.approx(r["grad_norm"], rel=1e-5)
+        assert math.hypot(*(parts[k] for k in parts if k.startswith("lev."))) == pytest.approx(parts["embedding"],
+                                                                                              rel=1e-5)
+    assert "| clipped " in out
+    assert ev.read_curve(tmp_path / "lev") == [(r["tokens"], r["val_loss"]) for r in records]  # eval.py reads it
+
+    code, out, err = run_train(capsys, char_data, tmp_path / "tied", "--max_iters=3", "--eval_interval=3",
+                               "--embedding=tied", "--grad_clip=1e-9")
+    assert code == 0, err
+    last = read_log(tmp_path / "tied")[-1]
+    assert last["clip_fraction"] == 1.0 and list(last["grad_norms"]) == ["embedding+head", "backbone"]
+    assert last["grad_norm"] > 1e-9 and "| clipped 100% |" in out
+
+    code, out, err = run_train(capsys, char_data, tmp_path / "untied", "--max_iters=3", "--eval_interval=3",
+                               "--embedding=untied", "--grad_clip=0")
+    assert code == 0, err
+    last = read_log(tmp_path / "untied")[-1]
+    assert last["clip_fraction"] is None and list(last["grad_norms"]) == ["embedding", "backbone", "head"]
+    assert 0 < last["grad_norm"] < math.inf and "clipped" not in out
+
+
+def test_grad_stats_leave_out_steps_the_grad_scaler_skipped():
+    """A float16 step with inf gradients changes nothing (the GradScaler skips it): not counted, nor called clipped."""
+    torch.manual_seed(0)
+    model = leviathan.GPT(leviathan.Config(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16,
+                                           embedding="untied"))
+    model(torch.randint(0, 20, (2, 8)), torch.randint(0, 20, (2, 8)))[1].backward()
+    stats = train.GradStats(model, grad_clip=1.0)
+    stats.measure_parts()
+    stats.add(float("inf"))
+    assert stats.record() == {"grad_norm": None, "clip_fraction": None, "grad_norms": None}
+    assert not train.clipped(float("inf"), 1.0) and not train.clipped(float("nan"), 1.0)
+    stats.measure_parts()
+    stats.add(0.5)
+    stats.measure_parts()
+    stats.add(1.5)
+    record = stats.record()
+    assert record["grad_norm"] == 1.0 and record["clip_fraction"] == 0.5
+    assert list(record["grad_norms"]) == ["embedding", "backbone", "head"]
 
 
 def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsys):
@@ -121,6 +226,23 @@ def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsy
     torch.save(ckpt, path)
     code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--max_iters=4")
     assert code == 0 and "resuming at step 2" in out, err
+
+
+def test_a_checkpoint_older_than_a_model_setting_loads_and_resumes(tmp_path, char_data, capsys):
+    """A checkpoint written before a Config field existed (here lev_out_init_std) gets the field's default:
+    it loads, resumes, and a flag that asks for another value is refused as for any model setting."""
+    assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
+    path = tmp_path / "old" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["model_config"]["lev_out_init_std"]
+    torch.save(ckpt, path)
+    model, _ = common.load_checkpoint(path)
+    assert model.config.lev_out_init_std == 0.02
+    code, _, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--lev_out_init_std=0.1")
+    assert code == 2 and "has lev_out_init_std=0.02, this run asks for 0.1" in err
+    code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--max_iters=4")
+    assert code == 0 and "resuming at step 2" in out, err
+    assert torch.load(path, weights_only=True)["model_config"]["lev_out_init_std"] == 0.02
 
 
 def test_a_version_1_checkpoint_resumes_with_the_same_function(tmp_path, char_data, capsys):
@@ -306,6 +428,8 @@ def test_frozen_parts_do_not_change(tmp_path, two_bpe_datasets, capsys, arm, fro
     code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}", "--max_iters=3",
                                "--eval_interval=3", f"--freeze={frozen}", "--learning_rate=1e-2", dataset="b")
     assert code == 0 and f"(frozen: {frozen})" in out, err
+    trained_parts = {"lev": ["head"], "untied": ["embedding", "backbone"], "tied": ["backbone"]}[arm]
+    assert list(read_log(tmp_path / "ft")[-1]["grad_norms"]) == trained_parts  # frozen parts are left out
     before, after = weights(tmp_path / "src"), weights(tmp_path / "ft")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     if arm == "lev":
