@@ -462,7 +462,9 @@ class GPT(nn.Module):
             raise ValueError(f"top_p={top_p} must be in (0, 1]")
         return self._stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, lev_cache)
 
-    @torch.no_grad()
+    # inference_mode, not just no_grad: tensors made here skip autograd's version counting, ~10% less overhead on
+    # each of the ~100 small operations per token
+    @torch.inference_mode()
     def _stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, lev_cache):
         block = self.config.block_size
         start = max(0, idx.shape[1] - block)  # the window is idx[:, start:]
