@@ -190,6 +190,20 @@ def test_kv_cache_generation_equals_uncached(arm, prompt_len):
 
 
 @ARMS
+def test_compiled_decoding_equals_eager(arm):
+    """sample.py --compile on the GPU: the one-token steps through torch.compile (Triton) give the eager greedy
+    tokens, past block_size too. fp32; the head is used as it is there (decode_head makes no copy on a GPU)."""
+    model = tiny_gpt(arm).eval()
+    assert leviathan.decode_head(model.lm_head.weight) is None
+    prompt = random_ids(2, 5, seed=3)
+    eager = model.generate(prompt, 40, temperature=0.0)
+    with torch.compiler.set_stance("default"):
+        set_runtime(model, compile_decode=True)
+        compiled = model.generate(prompt, 40, temperature=0.0)
+    assert torch.equal(compiled, eager)
+
+
+@ARMS
 def test_generation_after_a_fused_adamw_step_sees_the_new_weights(arm):
     """Fused AdamW updates the weights in place without bumping their version counters. Each generate call owns
     its EmbeddingCache, so the call after the step must equal a generation that caches nothing."""
