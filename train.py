@@ -82,6 +82,8 @@ SETTINGS = {
     "lev_lr_scale": (1.0, "lev arm: LEV's learning rate as a multiple of the schedule's (warmup, cosine, min_lr)"),
     "lev_wd_scale": (1.0, "lev arm: LEV's weight decay (codebooks, seed_proj, out_proj) as a multiple of "
                           "weight_decay"),
+    "lev_clip_apart": (False, "lev arm: clip LEV's gradient norm and the rest's each to grad_clip on its own, so "
+                              "that LEV's gradients do not scale down the head's and the backbone's"),
     "beta1": (0.9, "AdamW beta1"),
     "beta2": (0.95, "AdamW beta2"),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping"),
@@ -202,9 +204,9 @@ def check_settings(s):
     need(s["learning_rate"] > 0, f"learning_rate={s['learning_rate']} must be > 0")
     need(s["lev_lr_scale"] > 0, f"lev_lr_scale={s['lev_lr_scale']} must be > 0")
     need(s["lev_wd_scale"] >= 0, f"lev_wd_scale={s['lev_wd_scale']} must be >= 0")
-    for key in ("lev_lr_scale", "lev_wd_scale"):  # refused rather than silently ignored
-        need(s["embedding"] == "lev" or s[key] == 1, f"{key}={s[key]} applies to LEV, and --embedding="
-                                                     f"{s['embedding']} has none; drop --{key} (or set it to 1)")
+    for key, default in (("lev_lr_scale", 1), ("lev_wd_scale", 1), ("lev_clip_apart", False)):
+        need(s["embedding"] == "lev" or s[key] == default,  # refused rather than silently ignored
+             f"{key}={s[key]} applies to LEV, and --embedding={s['embedding']} has none; drop --{key}")
     need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
                                             f"{s['learning_rate']} (the decay goes down to min_lr)")
     need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
@@ -439,10 +441,25 @@ def grad_parts(model):
     return {part: parts[part] for part in GRAD_PARTS if part in parts}
 
 
-def clipped(grad_norm, grad_clip):
-    """Whether clip_grad_norm_ scaled a step's gradients down (grad_clip 0: no clipping; a non-finite norm: a float16
-    step that the GradScaler skipped)."""
-    return grad_clip > 0 and math.isfinite(grad_norm) and grad_norm > grad_clip
+def clip_gradients(model, grad_clip, lev_apart):
+    """Clip the gradients' norm to grad_clip (0: no clipping) -> (the total norm before clipping, the largest norm
+    that was compared with grad_clip), both 0-dim tensors. lev_apart (the lev arm's lev_clip_apart): LEV's
+    parameters and the rest are clipped each by its own norm, so that LEV's gradients, most of the total norm in
+    the lev arm at the CPU config, no longer scale down the head's and the backbone's at every clipped step."""
+    limit = grad_clip or float("inf")
+    if not lev_apart:
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
+        return total, total
+    lev = {id(p) for p in model.tok_emb.parameters()}
+    norms = torch.stack([torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if (id(p) in lev) == inside],
+                                                        limit) for inside in (True, False)])
+    return torch.linalg.vector_norm(norms), norms.max()
+
+
+def clipped(clip_norm, grad_clip):
+    """Whether clipping scaled a step's gradients down, given the largest norm compared with grad_clip
+    (clip_gradients; grad_clip 0: no clipping; a non-finite norm: a float16 step that the GradScaler skipped)."""
+    return grad_clip > 0 and math.isfinite(clip_norm) and clip_norm > grad_clip
 
 
 class GradStats:
@@ -468,13 +485,14 @@ class GradStats:
             norms.append(torch.nn.utils.get_total_norm(grads) if grads else params[0].new_zeros(()))
         self.part_norms = torch.stack(norms)
 
-    def add(self, grad_norm):
-        """Count a step of total gradient norm grad_norm, with the part norms measure_parts() took. A float16 step
-        that the GradScaler skipped (inf or NaN gradients) changed nothing, and is not counted."""
+    def add(self, grad_norm, clip_norm):
+        """Count a step of total gradient norm grad_norm (clip_norm: see clip_gradients), with the part norms
+        measure_parts() took. A float16 step that the GradScaler skipped (inf or NaN gradients) changed nothing,
+        and is not counted."""
         if not math.isfinite(grad_norm):
             return
         self.steps += 1
-        self.clipped += clipped(grad_norm, self.grad_clip)
+        self.clipped += clipped(clip_norm, self.grad_clip)
         self.norm_sum += grad_norm
         self.part_norm_sums = self.part_norm_sums + self.part_norms
 
@@ -651,8 +669,8 @@ class Trainer:
     def train_step(self, train_model, stop_signal):
         """One optimizer step over gradient_accumulation_steps * batch_size windows, drawn for all processes
         together so that the data order does not depend on how many processes share the work.
-        Returns (mean loss, gradient norm, whether any process was asked to stop, lr), or None when the loss or
-        the gradient is not finite (then no weight was changed)."""
+        Returns (mean loss, gradient norm, whether clipping scaled it down, whether any process was asked to stop,
+        lr), or None when the loss or the gradient is not finite (then no weight was changed)."""
         s, procs = self.s, self.procs
         T, B = s["block_size"], s["batch_size"]
         lr = get_lr(self.step, s)
@@ -672,7 +690,7 @@ class Trainer:
             self.scaler.scale(loss / procs.local_accum).backward()
         self.scaler.unscale_(self.optimizer)
         self.grad_stats.measure_parts()  # before clipping changes the gradients
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s["grad_clip"] or float("inf"))
+        grad_norm, clip_norm = clip_gradients(self.model, s["grad_clip"], s["lev_clip_apart"])
         # one all-reduce: the step's mean loss, and whether any process was asked to stop
         stop_requested = torch.tensor(float(bool(stop_signal)), device=procs.device)  # a signal during this step
         shared = torch.stack([loss_sum / procs.local_accum, stop_requested])
@@ -690,9 +708,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += s["gradient_accumulation_steps"] * B * T
-        grad_norm = grad_norm.item()
-        self.grad_stats.add(grad_norm)
-        return step_loss, grad_norm, stop, lr
+        grad_norm, clip_norm = torch.stack([grad_norm, clip_norm]).tolist()
+        self.grad_stats.add(grad_norm, clip_norm)
+        return step_loss, grad_norm, clipped(clip_norm, s["grad_clip"]), stop, lr
 
 
 def start_log(trainer, s):
@@ -739,9 +757,9 @@ def train_loop(trainer, fast_model, train_model, stop_signal):
         result = trainer.train_step(train_model, stop_signal)
         if result is None:
             return 1
-        step_loss, grad_norm, stop, lr = result
+        step_loss, grad_norm, was_clipped, stop, lr = result
         steps_since_log += 1
-        clipped_since_log += clipped(grad_norm, s["grad_clip"])
+        clipped_since_log += was_clipped
         if trainer.step % s["log_interval"] == 0 or stop:
             step_s = (time.time() - t_log) / steps_since_log
             evals_left = max_iters // eval_interval - trainer.step // eval_interval + (max_iters % eval_interval > 0)

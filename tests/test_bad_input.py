@@ -76,6 +76,8 @@ def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli
         (["--lev_wd_scale=1e999"], "lev_wd_scale=inf must be a finite number"),
         (["--embedding=tied", "--lev_lr_scale=0.5"], "lev_lr_scale=0.5 applies to LEV, and --embedding=tied has none"),
         (["--embedding=untied", "--lev_wd_scale=0"], "lev_wd_scale=0.0 applies to LEV, and --embedding=untied has"),
+        (["--embedding=tied", "--lev_clip_apart=True"], "lev_clip_apart=True applies to LEV, and --embedding=tied"),
+        (["--lev_clip_apart=maybe"], "lev_clip_apart='maybe' must be True or False"),
         (["--lev_out_init_std=nan"], "lev_out_init_std='nan' must be a number"),
         (["--lev_out_init_std=0"], "lev_out_init_std=0.0 must be a finite number > 0"),
         (["--lev_out_init_std=-1"], "lev_out_init_std=-1.0 must be a finite number > 0"),

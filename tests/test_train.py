@@ -205,16 +205,48 @@ def test_grad_stats_leave_out_steps_the_grad_scaler_skipped():
     model(torch.randint(0, 20, (2, 8)), torch.randint(0, 20, (2, 8)))[1].backward()
     stats = train.GradStats(model, grad_clip=1.0)
     stats.measure_parts()
-    stats.add(float("inf"))
+    stats.add(float("inf"), float("inf"))
     assert stats.record() == {"grad_norm": None, "clip_fraction": None, "grad_norms": None}
     assert not train.clipped(float("inf"), 1.0) and not train.clipped(float("nan"), 1.0)
     stats.measure_parts()
-    stats.add(0.5)
+    stats.add(0.5, 0.5)
     stats.measure_parts()
-    stats.add(1.5)
+    stats.add(1.5, 1.5)
     record = stats.record()
     assert record["grad_norm"] == 1.0 and record["clip_fraction"] == 0.5
     assert list(record["grad_norms"]) == ["embedding", "backbone", "head"]
+
+
+def test_clip_gradients_apart_clips_lev_and_the_rest_each_by_its_own_norm():
+    """lev_clip_apart: LEV's gradient and the rest's are each scaled to at most grad_clip by their own norm; the
+    total norm before clipping is returned either way, and the clip norm says whether anything was scaled."""
+    def model_with_grads():
+        torch.manual_seed(0)
+        model = leviathan.GPT(leviathan.Config(vocab_size=30, block_size=8, n_layer=1, n_head=2, n_embd=16,
+                                               lev_seed_dim=8, lev_heads=2, lev_knots=5, lev_rank=4))
+        model(torch.randint(0, 30, (2, 8)), torch.randint(0, 30, (2, 8)))[1].backward()
+        for p in model.tok_emb.parameters():
+            p.grad.mul_(100.0)  # LEV's gradient far above the rest's, as in the lev arm
+        return model
+
+    def norm(params):
+        return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).item()
+
+    joint, apart = model_with_grads(), model_with_grads()
+    lev_params = lambda m: list(m.tok_emb.parameters())  # noqa: E731
+    rest = lambda m: [p for n, p in m.named_parameters() if not n.startswith("tok_emb.")]  # noqa: E731
+    lev_before, rest_before = norm(lev_params(apart)), norm(rest(apart))
+    assert lev_before > 1.0 > rest_before  # so that only LEV's part is clipped apart
+    total_joint, clip_joint = train.clip_gradients(joint, 1.0, lev_apart=False)
+    total_apart, clip_apart = train.clip_gradients(apart, 1.0, lev_apart=True)
+    expected_total = (lev_before ** 2 + rest_before ** 2) ** 0.5
+    assert total_joint.item() == pytest.approx(expected_total, rel=1e-5) == total_apart.item()
+    assert clip_joint.item() == total_joint.item() and clip_apart.item() == pytest.approx(lev_before, rel=1e-5)
+    # joint: everything scaled by 1/total, the rest too; apart: LEV to norm 1, the rest untouched
+    assert norm(rest(joint)) == pytest.approx(rest_before / expected_total, rel=1e-4)
+    assert norm(lev_params(apart)) == pytest.approx(1.0, rel=1e-4)
+    assert norm(rest(apart)) == pytest.approx(rest_before, rel=1e-6)
+    assert train.clipped(clip_apart.item(), 1.0) and not train.clipped(clip_apart.item(), 0.0)
 
 
 def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsys):
