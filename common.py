@@ -176,6 +176,9 @@ RESUME_KEYS = {"train_config": dict, "step": int, "tokens_seen": int, "best_val_
 # and lev_compile out of the model's config, and the spline basis normalised (version 1 models were trained with
 # the plain basis, so they keep it)
 V1_RENAMES = {"n_digits": "lev_digits", "d_seed": "lev_seed_dim", "n_lev_heads": "lev_heads", "n_knots": "lev_knots"}
+# Config fields added after checkpoints of the current format were first written, with the value that those
+# checkpoints' models were made with (not today's default where it differs): W_out's init std was 0.02
+FIELDS_ADDED = {"lev_out_init_std": 0.02}
 
 
 def save_checkpoint(ckpt, path):
@@ -234,6 +237,8 @@ def read_checkpoint(path, device="cpu", for_resume=False):
             found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
             raise ValueError(f"{path}: {key!r} is {found}, not a {kind.__name__}; this file was not written by "
                              f"train.py, or was edited. Use an untouched checkpoint")
+    for key, value in FIELDS_ADDED.items():
+        ckpt["model_config"].setdefault(key, value)
     return ckpt, path
 
 

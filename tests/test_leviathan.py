@@ -672,11 +672,11 @@ def test_digits_round_trip(vocab_size, n_digits):
 
 
 def test_lev_out_init_std_scales_w_out_only():
-    """W_out ~ N(0, std^2 / h) from the same random draws: the default (0.02) is the initialisation LEV always had,
-    another std scales W_out alone."""
+    """W_out ~ N(0, std^2 / h) from the same random draws: 0.02 is the initialisation LEV had before the setting
+    existed (the default is 0.002 now), another std scales W_out alone."""
     config = lev_config(lev_heads=2, lev_seed_dim=4, lev_knots=5, lev_rank=3)
     torch.manual_seed(0)
-    default = LEV(config)
+    default = LEV(dataclasses.replace(config, lev_out_init_std=0.02))
     torch.manual_seed(0)  # the draws of LEV.__init__, in its order, with the formula it had before the setting
     draws = [torch.randn(3, default.base, 4), torch.randn(2, 4, 4), torch.randn(2, 4, 5, 3), torch.randn(2, 3, 12)]
     assert torch.equal(default.out_proj, draws[-1] * 0.02 / math.sqrt(2))
@@ -801,15 +801,17 @@ def test_checkpoint_round_trip_gives_identical_logits(arm, tmp_path):
             assert loaded.lm_head.weight is loaded.tok_emb.weight
 
 
-def test_checkpoint_older_than_a_config_field_loads_with_its_default(tmp_path):
-    """A checkpoint written before lev_out_init_std existed: the field's default fills it in."""
+def test_checkpoint_older_than_a_config_field_loads_with_the_value_it_was_made_with(tmp_path):
+    """A checkpoint written before lev_out_init_std existed: its models were initialised with 0.02 (common.py's
+    FIELDS_ADDED), which is not today's default, and that is what its config says once loaded."""
     model = tiny_model("lev")
+    assert model.config.lev_out_init_std == 0.002  # today's default
     write_checkpoint(model, tmp_path / "ckpt.pt")
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     del ckpt["model_config"]["lev_out_init_std"]
     torch.save(ckpt, tmp_path / "ckpt.pt")
     loaded, _ = load_checkpoint(tmp_path)
-    assert loaded.config == model.config and loaded.config.lev_out_init_std == 0.02
+    assert loaded.config == dataclasses.replace(model.config, lev_out_init_std=0.02)
     assert all(torch.equal(loaded.state_dict()[k], t) for k, t in model.state_dict().items())
 
 

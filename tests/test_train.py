@@ -225,8 +225,9 @@ def test_clip_gradients_apart_clips_lev_and_the_rest_each_by_its_own_norm():
         model = leviathan.GPT(leviathan.Config(vocab_size=30, block_size=8, n_layer=1, n_head=2, n_embd=16,
                                                lev_seed_dim=8, lev_heads=2, lev_knots=5, lev_rank=4))
         model(torch.randint(0, 30, (2, 8)), torch.randint(0, 30, (2, 8)))[1].backward()
-        for p in model.tok_emb.parameters():
-            p.grad.mul_(100.0)  # LEV's gradient far above the rest's, as in the lev arm
+        lev = {id(p) for p in model.tok_emb.parameters()}
+        for p in model.parameters():  # LEV's gradient norm far above 1, the rest's below it
+            p.grad.mul_(100.0 if id(p) in lev else 0.1)
         return model
 
     def norm(params):
@@ -261,8 +262,9 @@ def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsy
 
 
 def test_a_checkpoint_older_than_a_model_setting_loads_and_resumes(tmp_path, char_data, capsys):
-    """A checkpoint written before a Config field existed (here lev_out_init_std) gets the field's default:
-    it loads, resumes, and a flag that asks for another value is refused as for any model setting."""
+    """A checkpoint written before a Config field existed (here lev_out_init_std) gets the value its model was
+    made with (0.02, not today's default): it loads, resumes, and a flag that asks for another value is refused
+    as for any model setting."""
     assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
     path = tmp_path / "old" / "ckpt.pt"
     ckpt = torch.load(path, weights_only=True)
