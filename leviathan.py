@@ -513,7 +513,8 @@ def decode_head(weight):
     Decoding multiplies one hidden state by the head per token: a matrix-vector product that reads all V x n_embd
     weights to do 2 FLOPs with each. On CPU, MKL runs x @ W.T with W row-major ~4x slower than x @ W_T with a
     contiguous W_T (3.6 vs 0.9 ms at V = 50,257, n_embd = 128, 1 or 2 threads: the head was 80% of the time
-    per token), so one generation call pays one transposed copy (25 MB there) and reuses it for every token.
+    per token), so one generation call pays one transposed copy (25 MB there; 1.6 GB at the paper's V = 200,376
+    and n_embd = 2,048) and reuses it for every token.
     The logits are the same sums in another order (tests/test_leviathan.py). GPUs run both layouts alike, and a
     copy of a large head would cost GPU memory: there the weight is used as it is."""
     return weight.detach().T.contiguous() if weight.device.type == "cpu" else None
