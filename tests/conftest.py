@@ -1,4 +1,5 @@
-"""Shared fixtures: a small synthetic text, tiny prepared datasets (char-level and BPE) in tmp_path, one_thread."""
+"""Shared fixtures: a small synthetic text, tiny prepared datasets (char-level and BPE) in tmp_path, one_thread;
+and spoil_training_loss, a divergence injected at a known training step."""
 
 import os
 import random
@@ -17,6 +18,7 @@ torch.compiler.set_stance("force_eager")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the project's scripts import as modules: prepare_data, train, leviathan
 
+import leviathan  # noqa: E402
 import prepare_data  # noqa: E402
 
 
@@ -42,6 +44,23 @@ def make_tiny_encoding():
     """A byte-level tiktoken encoding (256 ids) built in-process: registered nowhere, needs no download."""
     return tiktoken.Encoding(name="tiny", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
                              mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={})
+
+
+def spoil_training_loss(monkeypatch, spoil, at_call=4):
+    """Make GPT.forward return spoil(loss) instead of the loss at its at_call-th call in training mode (evaluation
+    calls are not counted): a divergence injected at a known step, in this project's own model, not in torch."""
+    forward = leviathan.GPT.forward
+    training_calls = []
+
+    def spoiled_forward(self, *args, **kwargs):
+        logits, loss = forward(self, *args, **kwargs)
+        if self.training:
+            training_calls.append(1)
+            if len(training_calls) == at_call:
+                loss = spoil(loss)
+        return logits, loss
+
+    monkeypatch.setattr(leviathan.GPT, "forward", spoiled_forward)
 
 
 @pytest.fixture

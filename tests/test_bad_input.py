@@ -7,11 +7,11 @@ import os
 
 import pytest
 import torch
+from conftest import spoil_training_loss
 
 import bench
 import common
 import eval as ev
-import leviathan
 import sample
 import train
 
@@ -154,19 +154,12 @@ def test_a_scratch_run_never_replaces_a_run_unless_asked(tmp_path, char_data, ru
 def test_a_non_finite_gradient_stops_before_any_weight_changes(tmp_path, char_data, run_cli, monkeypatch):
     """A finite loss with an infinite gradient (e.g. an overflow in backward) must not reach the weights: the
     run stops, and ckpt.pt keeps the last good state."""
-    forward = leviathan.GPT.forward
-    training_calls = []
+    def infinite_gradient(loss):
+        loss = loss * 1.0
+        loss.register_hook(lambda grad: grad * float("inf"))
+        return loss
 
-    def infinite_gradient_at_the_fourth_step(self, *args, **kwargs):
-        logits, loss = forward(self, *args, **kwargs)
-        if self.training:
-            training_calls.append(1)
-            if len(training_calls) == 4:
-                loss = loss * 1.0
-                loss.register_hook(lambda grad: grad * float("inf"))
-        return logits, loss
-
-    monkeypatch.setattr(leviathan.GPT, "forward", infinite_gradient_at_the_fourth_step)
+    spoil_training_loss(monkeypatch, infinite_gradient)
     code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=8", "--eval_interval=2")
     assert code == 1 and "gradient norm is" in err and "at step 3" in err, err
     assert "ckpt.pt keeps the last good state" in err and "Traceback" not in err

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, spoil_training_loss
 
 import common
 import eval as ev
@@ -339,18 +339,7 @@ def test_two_ddp_processes_match_one_process(tmp_path, char_data, capsys):
 
 
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, char_data, capsys, monkeypatch):
-    forward = leviathan.GPT.forward
-    training_calls = []
-
-    def nan_at_the_fourth_step(self, *args, **kwargs):
-        logits, loss = forward(self, *args, **kwargs)
-        if self.training:
-            training_calls.append(1)
-            if len(training_calls) == 4:
-                loss = loss * float("nan")
-        return logits, loss
-
-    monkeypatch.setattr(leviathan.GPT, "forward", nan_at_the_fourth_step)
+    spoil_training_loss(monkeypatch, lambda loss: loss * float("nan"))
     code, _, err = run_train(capsys, char_data, tmp_path / "out", "--max_iters=8", "--eval_interval=2")
     assert code == 1 and "the loss is nan at step 3" in err
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["step"] == 2
