@@ -346,13 +346,15 @@ def gen_table(args, results):
     for arm in args.arms:
         model, _ = build(arm, vocab_size, args)
         model.eval()
-        compiled = copy.copy(model)  # the same weights; only its run setting differs
-        set_runtime(compiled, compile_decode=True)
+        compiled = None
+        if args.gen_compile:
+            compiled = copy.copy(model)  # the same weights; only its run setting differs
+            set_runtime(compiled, compile_decode=True)
         prompt = torch.zeros(1, 1, dtype=torch.long, device=args.device)
         # (model, KV cache, LEV cache): the default first, then each cache off, then compiled steps
         variants = [(model, True, True), (model, False, True)]
         variants += [(model, True, False), (model, False, False)] if arm == "lev" else []
-        variants += [(compiled, True, True)] if args.gen_compile else []
+        variants += [(compiled, True, True)] if compiled is not None else []
         best = [0.0] * len(variants)
         for _ in range(args.gen_rounds):
             for i, (m, kv, lev_cache) in enumerate(variants):
