@@ -343,9 +343,9 @@ def read_source(s, explicit):
 
 
 def saved_architecture(model_config):
-    """A checkpoint's model settings (MODEL's keys). A field that existed before but was added to Config later
-    comes filled in by common.read_checkpoint with the value its model was made with (common.FIELDS_ADDED); any
-    other missing field gets its default, which is also what Config(**model_config) gives the model."""
+    """A checkpoint's model settings (MODEL's keys). A field added to Config after the checkpoint was written is
+    filled in by common.read_checkpoint with the value its model was made with, when common.FIELDS_ADDED lists
+    it; any other missing field gets its default, which is also what Config(**model_config) gives the model."""
     return {key: model_config.get(key, default) for key, (default, _) in MODEL.items()}
 
 
