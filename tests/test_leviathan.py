@@ -25,6 +25,7 @@ from leviathan import (  # noqa: E402
     LEV,
     Config,
     DecodeCache,
+    Decoder,
     EmbeddingCache,
     KVCache,
     SplineProduct,
@@ -257,6 +258,33 @@ def test_cached_logits_equal_full_forward(arm):
 
 
 @arms
+def test_decoder_step_equals_forward_with_cache(arm):
+    """The Decoder (section 6) is GPT.forward for one token after a KV cache, in float64: the same logits and
+    the same keys and values in the cache, from an empty cache and after a prompt fed by forward, to a full block."""
+    model = tiny_model(arm).double().eval()
+    idx = random_ids(2, BLOCK, seed=4)
+    with torch.no_grad():
+        decoder = Decoder(model, decode_head(model.lm_head.weight))
+        for prompt_len in (0, 5):
+            plain = DecodeCache(KVCache(model.config.n_layer, BLOCK), None)
+            fast = DecodeCache(KVCache(model.config.n_layer, BLOCK), None, decoder.head)
+            if prompt_len:
+                model(idx[:, :prompt_len], cache=plain)
+                model(idx[:, :prompt_len], cache=fast)
+            for t in range(prompt_len, BLOCK):
+                expected, _ = model(idx[:, t:t + 1], cache=plain)
+                torch.testing.assert_close(decoder.step(idx[:, t:t + 1], fast), expected, rtol=1e-12, atol=1e-12)
+            assert fast.kv.pos == plain.kv.pos == BLOCK
+            for layer in range(model.config.n_layer):
+                torch.testing.assert_close(fast.kv.k[layer], plain.kv.k[layer], rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(fast.kv.v[layer], plain.kv.v[layer], rtol=1e-12, atol=1e-12)
+        with pytest.raises(ValueError, match="one token into a cache with room"):
+            decoder.step(idx[:, :1], fast)  # the cache is full
+        with pytest.raises(ValueError, match="one token into a cache with room"):
+            decoder.step(idx[:, :2], DecodeCache(KVCache(model.config.n_layer, BLOCK), None))
+
+
+@arms
 def test_decode_head_gives_the_heads_logits(arm):
     """Generation's head (decode_head: a (n_embd, V) copy on CPU) gives the logits of the model's own head."""
     model = tiny_model(arm).eval()
@@ -293,11 +321,17 @@ def test_generation_with_cache_feeds_one_token_per_step(arm, monkeypatch):
     """The cached path really uses the cache: between window jumps each step feeds only the newest token."""
     model = tiny_model(arm).eval()
     fed = []
-    forward = model.forward
+    forward, step = model.forward, Decoder.step
     monkeypatch.setattr(model, "forward", lambda idx, *a, **kw: fed.append(idx.shape[1]) or forward(idx, *a, **kw))
+    monkeypatch.setattr(Decoder, "step", lambda self, idx, cache: fed.append(("decoder", idx.shape[1]))
+                        or step(self, idx, cache))
     model.generate(random_ids(1, 5, seed=1), 20, temperature=0.0)
-    # 5 prompt tokens, 11 single tokens up to 16, a jump to the last 8 tokens, then single tokens again
-    assert fed == [5] + [1] * 11 + [8] + [1] * 7
+    # 5 prompt tokens by forward, 11 single tokens up to 16 by the Decoder, a jump to the last 8 tokens (forward),
+    # then single tokens again
+    assert fed == [5] + [("decoder", 1)] * 11 + [8] + [("decoder", 1)] * 7
+    fed.clear()  # in training mode with dropout on, every token goes through forward (the Decoder has no dropout)
+    tiny_model(arm, dropout=0.1).train().generate(random_ids(1, 5, seed=1), 3, temperature=0.0)
+    assert fed == []  # that model's forward is not the patched one; the Decoder was not called
 
 
 @arms

@@ -94,12 +94,14 @@ def test_no_lev_cache_computes_every_step_afresh(char_ckpt, capsys, monkeypatch)
 
 def test_no_kv_cache_feeds_the_whole_context_at_every_step(char_ckpt, capsys, monkeypatch):
     fed = []
-    forward = leviathan.GPT.forward
+    forward, step = leviathan.GPT.forward, leviathan.Decoder.step
     monkeypatch.setattr(leviathan.GPT, "forward", lambda self, idx, targets=None, cache=None: fed.append(
         (idx.shape[1], cache is not None and cache.kv is not None)) or forward(self, idx, targets, cache=cache))
+    monkeypatch.setattr(leviathan.Decoder, "step", lambda self, idx, cache: fed.append(
+        ("decoder", idx.shape[1])) or step(self, idx, cache))
     flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=5"]
     run(char_ckpt, *flags)
-    assert fed == [(2, True)] + [(1, True)] * 4  # the prompt, then only the newest token
+    assert fed == [(2, True)] + [("decoder", 1)] * 4  # the prompt, then only the newest token
     fed.clear()
     run(char_ckpt, *flags, "--no_kv_cache")
     assert fed == [(n, False) for n in range(2, 7)]  # everything, every time
