@@ -34,7 +34,7 @@ import torch
 
 import common
 from common import atomic_path, resolve_device
-from leviathan import EMBEDDINGS, GPT, LEV, Config, set_runtime
+from leviathan import EMBEDDINGS, GPT, LEV, Config, c_library, set_runtime
 from prepare_data import load_meta, load_split
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
@@ -59,8 +59,12 @@ def make_parser():
     p.add_argument("--lev_chunk", type=int, default=64, help="ids per chunk of LEV's fast path")
     p.add_argument("--heads", default="lean,full", help="table 1: the loss from the memory-lean head (lean, what "
                    "train.py uses), from full logits (full), or both")
+    p.add_argument("--lev_c_kernels", action=argparse.BooleanOptionalAction, default=True,
+                   help="table 1: LEV's C kernels on CPU (lev_kernels.c; --no-lev_c_kernels: torch's kernels); "
+                        "table 2 times all three")
     p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="table 1: torch.compile LEV's kernels (--no-lev_compile: eager); table 2 times both")
+                   help="table 1, where the C kernels do not run: torch.compile LEV's torch kernels "
+                        "(--no-lev_compile: eager)")
     p.add_argument("--steps", type=int, default=10, help="timed training steps per arm (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--lev_ids", type=int, default=8192, help="N for table 2 (all distinct, random)")
@@ -168,7 +172,8 @@ def build(arm, vocab_size, args, head="lean"):
     config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                     n_embd=args.n_embd, embedding=arm)
     model = GPT(config).to(args.device)
-    set_runtime(model, lev_chunk=args.lev_chunk, lev_compile=args.lev_compile, lean_head=head == "lean")
+    set_runtime(model, lev_chunk=args.lev_chunk, lev_compile=args.lev_compile, lev_c_kernels=args.lev_c_kernels,
+                lean_head=head == "lean")
     optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
     return model, optimizer
 
@@ -239,11 +244,18 @@ def peak_memory_mib(arm, head, args):
     return peak
 
 
+def lev_kernels(args):
+    """Which of LEV's kernels table 1 runs (LEV.kernels decides the same way)."""
+    if args.lev_c_kernels and args.device == "cpu" and c_library() is not None:
+        return "C (lev_kernels.c)"
+    return "torch, compiled" if args.lev_compile else "torch, eager"
+
+
 def train_table(args, results):
     vocab_size, get_batch, what = batch_source(args)
     print(f"\n## Training step: forward + backward + AdamW, batch {args.batch_size} x {args.block_size} tokens, "
           f"{args.n_layer} layers x {args.n_head} heads x {args.n_embd}, {args.device} {args.dtype}"
-          f"{' compiled' if args.compile else ''}, LEV kernels {'compiled' if args.lev_compile else 'eager'}"
+          f"{' compiled' if args.compile else ''}, LEV kernels {lev_kernels(args)}"
           f"\nbatches: {what}")
     # each arm with each head: "tied" (the lean head, what train.py uses), "tied (full head)", ...
     variants = {arm if head == "lean" else f"{arm} (full head)": (arm, head)
@@ -296,9 +308,13 @@ def lev_table(args, results):
     torch.manual_seed(args.seed)
     lev = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
     eager = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
+    c = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
     eager.load_state_dict(lev.state_dict())
+    c.load_state_dict(lev.state_dict())
     lev.chunk = eager.chunk = args.lev_chunk
+    lev.c_kernels = eager.c_kernels = False  # torch's kernels, compiled and eager
     eager.compile_kernels = False
+    with_c = args.device == "cpu" and c_library() is not None
     emb = torch.nn.Embedding(V, D).to(args.device)
     ids = torch.randperm(V, device=args.device)[:N]  # all distinct: the worst case for LEV
     _, get_batch, what = batch_source(argparse.Namespace(**{**vars(args), "vocab_size": V}))
@@ -306,7 +322,7 @@ def lev_table(args, results):
 
     def fwd_bwd(fn, x):
         fn(x).square().mean().backward()
-        for module in (lev, eager, emb):
+        for module in (lev, eager, c, emb):
             module.zero_grad(set_to_none=True)  # no gradient accumulation into old .grad between repeats
 
     def median_ms(repeats, fn, *fn_args):
@@ -314,21 +330,23 @@ def lev_table(args, results):
         return statistics.median(timed(args.device, fn, *fn_args) for _ in range(repeats)) * 1000
 
     text = f"a text batch ({len(text_ids):,} ids, {len(text_ids.unique()):,} distinct)"
-    rows = {
-        f"nn.Embedding, {N:,} ids": median_ms(5, fwd_bwd, emb, ids),
-        f"LEV fast path, compiled kernels, {N:,} distinct ids": median_ms(3, fwd_bwd, lev, ids),
-        f"LEV fast path, eager kernels, {N:,} distinct ids": median_ms(3, fwd_bwd, eager, ids),
-        f"nn.Embedding, {text}": median_ms(5, fwd_bwd, emb, text_ids),
-        f"LEV fast path, compiled kernels, {text}": median_ms(5, fwd_bwd, lev, text_ids),
-        f"LEV fast path, eager kernels, {text}": median_ms(5, fwd_bwd, eager, text_ids),
-    }
+    rows = {f"nn.Embedding, {N:,} ids": median_ms(5, fwd_bwd, emb, ids)}
+    if with_c:
+        rows[f"LEV fast path, C kernels, {N:,} distinct ids"] = median_ms(3, fwd_bwd, c, ids)
+    rows[f"LEV fast path, compiled torch kernels, {N:,} distinct ids"] = median_ms(3, fwd_bwd, lev, ids)
+    rows[f"LEV fast path, eager torch kernels, {N:,} distinct ids"] = median_ms(3, fwd_bwd, eager, ids)
+    rows[f"nn.Embedding, {text}"] = median_ms(5, fwd_bwd, emb, text_ids)
+    if with_c:
+        rows[f"LEV fast path, C kernels, {text}"] = median_ms(5, fwd_bwd, c, text_ids)
+    rows[f"LEV fast path, compiled torch kernels, {text}"] = median_ms(5, fwd_bwd, lev, text_ids)
+    rows[f"LEV fast path, eager torch kernels, {text}"] = median_ms(5, fwd_bwd, eager, text_ids)
     n_plain = min(N, args.plain_max)
     rows[f"LEV plain recipe (LEV.reference), {n_plain:,} distinct ids"] = median_ms(1, fwd_bwd, lev.reference,
                                                                                     ids[:n_plain])
     if n_plain < N:
-        rows[f"LEV fast path, compiled kernels, the same {n_plain:,} ids"] = median_ms(3, fwd_bwd, lev,
-                                                                                       ids[:n_plain])
-    rows[f"LEV materialise the whole {V:,} x {D} table (no grad)"] = median_ms(1, lev.table)
+        rows[f"LEV fast path, {'C' if with_c else 'compiled torch'} kernels, the same {n_plain:,} ids"] = \
+            median_ms(3, fwd_bwd, c if with_c else lev, ids[:n_plain])
+    rows[f"LEV materialise the whole {V:,} x {D} table (no grad)"] = median_ms(1, (c if with_c else lev).table)
     print(f"text batch: {what}\n\n| what | ms |\n|---|---:|")
     for k, v in rows.items():
         print(f"| {k} | {v:,.1f} |")

@@ -22,9 +22,18 @@ Each piece of 4 to 6 is tested equal, in float64 values and gradients, to the pl
 of them a run uses are settings of the run (set_runtime), not of the model.
 """
 
+import ctypes
+import hashlib
 import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -146,8 +155,8 @@ class LEV(nn.Module):
 
     reference() is the recipe with every intermediate materialised: the specification. forward() computes the
     same function on the fast path (section 4): each distinct id of the batch once, the spline product in chunks
-    from the 3 non-zero knots of each basis, recomputed in backward. `chunk` and `compile_kernels` are settings
-    of a run (speed and memory, not results); train.py, sample.py and bench.py set them.
+    from the 3 non-zero knots of each basis, recomputed in backward. `c_kernels`, `chunk` and `compile_kernels`
+    are settings of a run (speed and memory, not results); train.py, sample.py and bench.py set them.
     """
 
     def __init__(self, config):
@@ -167,8 +176,10 @@ class LEV(nn.Module):
         self.spline = nn.Parameter(1.0 + 0.1 * torch.randn(h, d, c.lev_knots, r))  # S
         # 1/sqrt(h): the h heads' outputs are summed
         self.out_proj = nn.Parameter(torch.randn(h, r, c.n_embd) * c.lev_out_init_std / math.sqrt(h))  # W_out
-        # run settings of the fast path (section 4): ids per chunk (64 suits a CPU's caches), and whether
-        # training runs its two kernels through torch.compile (~2.3x faster on CPU; same sums)
+        # run settings of the fast path (section 4): on CPU, whether the spline product runs in lev_kernels.c
+        # (~3x faster than torch.compile's kernels); else ids per chunk (64 suits a CPU's caches) and whether
+        # training runs torch's two kernels through torch.compile (~2.3x faster than eager). All the same sums.
+        self.c_kernels = True
         self.chunk = 64
         self.compile_kernels = True
 
@@ -226,10 +237,16 @@ class LEV(nn.Module):
         log|M| reaches ~9 in training and fp16 overflows at exp(11.1)."""
         with torch.autocast(ids.device.type, enabled=False):
             t = self.unit_coords(self.seed(ids))  # (U, h, d_seed)
-            # compiled kernels pay off in training, which runs them every step; inference meets each id once
-            compile = self.compile_kernels and torch.is_grad_enabled()
-            M = SplineProduct.apply(t, self.spline, self.chunk, compile, self.normalize_basis)  # (U, h, r)
+            M = SplineProduct.apply(t, self.spline, self.chunk, self.kernels(t), self.normalize_basis)  # (U, h, r)
             return self.mix_heads(M)
+
+    def kernels(self, t):
+        """Which kernels SplineProduct runs for coordinates t (section 4): "c" (lev_kernels.c: CPU, fp32 or fp64,
+        where a C compiler built it), else torch's, "compiled" in training (which runs them every step) and
+        "eager" otherwise (inference meets each id once)."""
+        if self.c_kernels and t.device.type == "cpu" and t.dtype in C_TYPES and c_library() is not None:
+            return "c"
+        return "compiled" if self.compile_kernels and torch.is_grad_enabled() else "eager"
 
     @torch.no_grad()
     def table(self):
@@ -674,21 +691,134 @@ def run_kernel(kernel, *args, compile=True):
         return result
 
 
+# The C kernels (lev_kernels.c): the same two functions in loops ordered for a CPU, ~3x faster than the compiled
+# torch kernels in training (README, "Speed"). Built once per machine with the system's C compiler into a cache
+# directory, loaded with ctypes, and run on torch's number of threads (ctypes releases the GIL during a call).
+
+C_SOURCE = Path(__file__).with_name("lev_kernels.c")
+C_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC")
+C_TYPES = {torch.float32: "f32", torch.float64: "f64"}
+_c_state = {}  # "library": the loaded library, or None where it could not be built (warned once); "pool"
+
+
+def c_library():
+    """lev_kernels.c as a ctypes library, built on first use (CC or cc; LEVIATHAN_CACHE or ~/.cache/leviathan
+    holds it, named by a hash of the source, the flags and the machine). None, with one warning, where it cannot
+    be built: LEV then runs torch's kernels."""
+    if "library" not in _c_state:
+        try:
+            _c_state["library"] = load_c_library(build_c_library())
+        except (OSError, subprocess.SubprocessError) as error:
+            _c_state["library"] = None
+            detail = (str(error).strip().splitlines() or [""])[0][:200]
+            warnings.warn(f"LEV: could not build its C kernels ({type(error).__name__}: {detail}); torch's kernels "
+                          f"run instead, ~3x slower on CPU. Install a C compiler (or set CC), or pass "
+                          f"--lev_c_kernels=False to skip the attempt.", stacklevel=2)
+    return _c_state["library"]
+
+
+def build_c_library():
+    """Compile C_SOURCE unless this machine's build is cached -> the path of the shared library."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
+    source = C_SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(C_FLAGS).encode(), compiler.encode(),
+                                     platform.node().encode(), platform.machine().encode()])).hexdigest()[:16]
+    cache = Path(os.environ.get("LEVIATHAN_CACHE") or Path.home() / ".cache" / "leviathan")
+    library = cache / f"lev_kernels-{key}.so"
+    if not library.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a file
+            built = Path(tmp) / library.name
+            subprocess.run([compiler, *C_FLAGS, str(C_SOURCE), "-o", str(built), "-lm"], check=True,
+                           capture_output=True, timeout=300)
+            os.replace(built, library)
+    return library
+
+
+def load_c_library(path):
+    library = ctypes.CDLL(str(path))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for name in C_TYPES.values():
+        getattr(library, f"lev_forward_{name}").argtypes = [ptr] * 3 + [i64] * 6 + [ctypes.c_int]
+        getattr(library, f"lev_backward_{name}").argtypes = [ptr] * 5 + [i64] * 7 + [ctypes.c_int]
+    return library
+
+
+def run_in_ranges(kernel, n):
+    """kernel(start, end) over [0, n) split into torch.get_num_threads() ranges, on that many threads."""
+    threads = max(1, min(torch.get_num_threads(), n))
+    edges = [n * i // threads for i in range(threads + 1)]
+    if threads == 1:
+        return kernel(0, n)
+    pool = _c_state.get("pool")
+    if pool is None or pool._max_workers != threads:
+        pool = _c_state["pool"] = ThreadPoolExecutor(threads, thread_name_prefix="lev")
+    list(pool.map(kernel, edges[:-1], edges[1:]))
+
+
+def c_spline_product(t, S_padded, normalize):
+    """SplineProduct's forward in C: t (U, h, d), S_padded (h*d, kappa + 2, r) -> M (U, h, r)."""
+    (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
+    t, S_padded = t.contiguous(), S_padded.contiguous()
+    M = t.new_empty(U, h, r)
+    forward = getattr(c_library(), f"lev_forward_{C_TYPES[t.dtype]}")
+    run_in_ranges(lambda u0, u1: forward(t.data_ptr(), S_padded.data_ptr(), M.data_ptr(), u0, u1, h, d,
+                                         n_padded - 2, r, normalize), U)
+    return M
+
+
+def c_spline_product_backward(t, S_padded, G, normalize):
+    """SplineProduct's backward in C, from G = dL/dM * M (U, h, r) -> dL/dt (U, h, d), dL/dS_padded."""
+    (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
+    t, S_padded, G = t.contiguous(), S_padded.contiguous(), G.contiguous()
+    grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
+    backward = getattr(c_library(), f"lev_backward_{C_TYPES[t.dtype]}")
+    run_in_ranges(lambda hd0, hd1: backward(t.data_ptr(), S_padded.data_ptr(), G.data_ptr(), grad_t.data_ptr(),
+                                            grad_S.data_ptr(), hd0, hd1, U, h, d, n_padded - 2, r, normalize),
+                  h * d)
+    return grad_t, grad_S
+
+
+def torch_spline_product(t, S_padded, chunk, compile, normalize):
+    """SplineProduct's forward through torch's kernels, `chunk` ids at a time: t (U, h, d) -> M (U, h, r)."""
+    M = t.new_empty(*t.shape[:2], S_padded.shape[2])
+    for c in range(0, len(t), chunk):
+        t_chunk = t[c:c + chunk]
+        sign, log_abs, normal = run_kernel(log_mode_chunk, t_chunk, S_padded, math.gcd(t.shape[2], 8), normalize,
+                                           compile=compile)
+        if not normal:  # rare: one log per factor instead
+            sign, log_abs, _ = log_mode_chunk(t_chunk, S_padded, 1, normalize)
+        M[c:c + chunk] = sign * log_abs.exp()
+    return M
+
+
+def torch_spline_product_backward(t, S_padded, G, chunk, compile, normalize):
+    """SplineProduct's backward through torch's kernels, from G = dL/dM * M -> dL/dt, dL/dS_padded."""
+    grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
+    for c in range(0, len(t), chunk):
+        at = slice(c, c + chunk)
+        grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at], normalize,
+                                              compile=compile)
+        grad_S += grad_S_chunk
+    return grad_t, grad_S
+
+
 class SplineProduct(torch.autograd.Function):
     """The heavy core of LEV: unit coordinates t -> rank-1 separable modes M, recomputed in backward.
 
         phi[u, h, d, :] = sum_k w_k(t[u, h, d]) S[h, d, k, :]     (per-dimension spline, r outputs)
         M[u, h, :]      = prod_d phi[u, h, d, :]                   (sign and log|M| kept apart)
 
-    Forward keeps only t, S (padded) and M; both passes walk the ids `chunk` at a time (log_mode_chunk and
-    log_mode_chunk_backward), so that phi stays small, and backward recomputes it. Only 3 knots of each basis
-    are non-zero, and S is padded with a zero knot at each end so that knots j-1 and j+1 always exist. Inside
-    the kernels the h*d seed dimensions come first, (h*d, u, r): each has its own S, so they are the batch axis
-    of the gather and of the matmul for dL/dS.
+    Forward keeps only t, S (padded) and M; backward recomputes phi. kernels: "c" runs both passes in
+    lev_kernels.c, which never holds phi; "compiled" and "eager" run torch's kernels (log_mode_chunk and
+    log_mode_chunk_backward, through torch.compile or not) on `chunk` ids at a time, so that phi stays small.
+    Only 3 knots of each basis are non-zero, and S is padded with a zero knot at each end so that knots j-1 and
+    j+1 always exist. The h*d seed dimensions come first inside the kernels, (h*d, u, r): each has its own S, so
+    they are the batch axis of the gather and of the matmul for dL/dS.
     """
 
     @staticmethod
-    def forward(ctx, t, S, chunk, compile, normalize):
+    def forward(ctx, t, S, chunk, kernels, normalize):
         U, h, d = t.shape
         n_knots, r = S.shape[2:]
         S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
@@ -696,16 +826,14 @@ class SplineProduct(torch.autograd.Function):
         # stops cleanly) instead of a NaN becoming a knot index far out of range. Checked here, once, not inside
         # the kernels: a guard there costs ~50% of their time under torch.compile.
         ctx.finite = bool(torch.isfinite(t).all())
-        M = t.new_empty(U, h, r) if ctx.finite else t.new_full((U, h, r), float("nan"))
-        for c in range(0, U if ctx.finite else 0, chunk):
-            t_chunk = t[c:c + chunk]
-            sign, log_abs, normal = run_kernel(log_mode_chunk, t_chunk, S_padded, math.gcd(d, 8), normalize,
-                                               compile=compile)
-            if not normal:  # rare: one log per factor instead
-                sign, log_abs, _ = log_mode_chunk(t_chunk, S_padded, 1, normalize)
-            M[c:c + chunk] = sign * log_abs.exp()
+        ctx.chunk, ctx.kernels, ctx.normalize = chunk, kernels, normalize
+        if not ctx.finite:
+            M = t.new_full((U, h, r), float("nan"))
+        elif kernels == "c":
+            M = c_spline_product(t, S_padded, normalize)
+        else:
+            M = torch_spline_product(t, S_padded, chunk, kernels == "compiled", normalize)
         ctx.save_for_backward(t, S_padded, M)
-        ctx.chunk, ctx.compile, ctx.normalize = chunk, compile, normalize
         return M
 
     @staticmethod
@@ -719,12 +847,11 @@ class SplineProduct(torch.autograd.Function):
                 None, None, None
         with torch.autocast(t.device.type, enabled=False):  # fp32 like the forward, even if called under autocast
             G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
-            grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
-            for c in range(0, len(t), ctx.chunk):
-                at = slice(c, c + ctx.chunk)
-                grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at],
-                                                      ctx.normalize, compile=ctx.compile)
-                grad_S += grad_S_chunk
+            if ctx.kernels == "c":
+                grad_t, grad_S = c_spline_product_backward(t, S_padded, G, ctx.normalize)
+            else:
+                grad_t, grad_S = torch_spline_product_backward(t, S_padded, G, ctx.chunk, ctx.kernels == "compiled",
+                                                               ctx.normalize)
         return grad_t, grad_S.view(h, d, n_padded, r)[:, :, 1:-1], None, None, None
 
 
@@ -1031,7 +1158,7 @@ def rms_norm(x, norm):
     return F.rms_norm(x, x.shape[-1:], norm.weight, norm.eps)
 
 
-def set_runtime(model, lev_chunk=None, lev_compile=None, lean_head=None, compile_decode=None):
+def set_runtime(model, lev_chunk=None, lev_compile=None, lean_head=None, compile_decode=None, lev_c_kernels=None):
     """Set a model's run settings, the ones that change speed and memory but not results, kept out of Config and
     checkpoints: LEV's ids per chunk and whether training compiles its kernels (no-op for the table arms),
     whether forward computes the loss with the memory-lean head, and whether generation runs its one-token steps
@@ -1047,6 +1174,8 @@ def set_runtime(model, lev_chunk=None, lev_compile=None, lean_head=None, compile
             model.tok_emb.chunk = lev_chunk
         if lev_compile is not None:
             model.tok_emb.compile_kernels = lev_compile
+        if lev_c_kernels is not None:
+            model.tok_emb.c_kernels = lev_c_kernels
     if lean_head is not None:
         model.lean_head = lean_head
 

@@ -65,8 +65,12 @@ SETTINGS = {
     "overwrite": (False, "let a scratch run replace the ckpt.pt and log.jsonl of a run already in out_dir"),
     **MODEL,
     # LEV's fast path: settings of the run, not of the model (they change speed and memory, not results)
-    "lev_chunk": (64, "LEV: ids computed together (memory and speed only); 64 suits a CPU, more a GPU"),
-    "lev_compile": (True, "LEV: torch.compile its two kernels (speed only, not results)"),
+    "lev_chunk": (64, "LEV, torch kernels: ids computed together (memory and speed only); 64 suits a CPU, more a "
+                      "GPU"),
+    "lev_c_kernels": (True, "LEV on CPU: its spline product in lev_kernels.c, built with the system's C compiler "
+                            "on first use, ~3x faster than torch's kernels (speed only, not results)"),
+    "lev_compile": (True, "LEV: torch.compile its two torch kernels, where the C ones do not run (speed only, not "
+                          "results)"),
     "lean_head": (True, "the loss from the memory-lean head: logits a chunk of tokens at a time (memory and speed "
                         "only, not results)"),
     # optimization
@@ -535,7 +539,7 @@ class Trainer:
         if not any(p.requires_grad for p in self.model.parameters()):
             raise SettingsError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
         set_runtime(self.model, lev_chunk=s["lev_chunk"], lev_compile=s["lev_compile"],
-                    lean_head=s["lean_head"])
+                    lev_c_kernels=s["lev_c_kernels"], lean_head=s["lean_head"])
         self.model.to(procs.device)
         self.grad_stats = GradStats(self.model, s["grad_clip"])  # empty at a resume too: not in checkpoints
         self.optimizer = self.new_optimizer(s["lev_lr_scale"], s["lev_wd_scale"])

@@ -10,6 +10,7 @@ import pytest
 from conftest import lev_param_count
 
 import bench
+from leviathan import c_library
 
 TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
        "--batch_size=2", "--steps=2", "--warmup=1", "--lev_ids=40", "--lev_embd=8", "--plain_max=10",
@@ -20,7 +21,8 @@ def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no data/: batches from the Zipf stand-in, said so
     code, out, err = run_cli(bench.main, TOY + ["--json=figures.json"])
     assert code == 0, err
-    assert "Zipf(1.1) ids over V=300" in out and "LEV kernels compiled" in out
+    assert "Zipf(1.1) ids over V=300" in out
+    assert f"LEV kernels {'C (lev_kernels.c)' if c_library() is not None else 'torch, compiled'}" in out
     for heading in ("## Training step", "## LEV alone", "## Generation"):
         assert heading in out
     figures = json.loads((tmp_path / "figures.json").read_text())
@@ -33,8 +35,9 @@ def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
     assert train["lev"]["params"]["input_embedding"] == lev_param_count(300, 16)
     assert train["tied"]["params"]["input_embedding"] == 300 * 16 and train["tied"]["params"]["head"] == 0
     lev_rows = figures["lev"]
-    assert any(k.startswith("LEV fast path, compiled kernels, 40 distinct") for k in lev_rows)
-    assert any(k.startswith("LEV fast path, eager kernels, 40 distinct") for k in lev_rows)
+    assert any(k.startswith("LEV fast path, compiled torch kernels, 40 distinct") for k in lev_rows)
+    assert any(k.startswith("LEV fast path, eager torch kernels, 40 distinct") for k in lev_rows)
+    assert any(k.startswith("LEV fast path, C kernels, 40 distinct") for k in lev_rows) == (c_library() is not None)
     assert any(k.startswith("LEV plain recipe (LEV.reference), 10 distinct") for k in lev_rows)
     assert all(v > 0 and math.isfinite(v) for v in lev_rows.values())
     generation = figures["generation"]
@@ -45,9 +48,10 @@ def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
 
 def test_one_arm_one_table_without_lev_compile(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(bench.main, TOY + ["--tables=train", "--embedding=lev", "--no-lev_compile"])
+    code, out, err = run_cli(bench.main, TOY + ["--tables=train", "--embedding=lev", "--no-lev_c_kernels",
+                                                "--no-lev_compile"])
     assert code == 0, err
-    assert "LEV kernels eager" in out and "| lev |" in out and "| tied |" not in out
+    assert "LEV kernels torch, eager" in out and "| lev |" in out and "| tied |" not in out
     assert "lev_over_tied" not in out and "## LEV alone" not in out
 
 

@@ -33,7 +33,7 @@ def make_lev(dtype, compile=True, normalize=True):
     # d_seed=24: groups of 8 factors; chunk=16 with 37 distinct ids: full chunks and a remainder of 5
     lev = LEV(Config(vocab_size=300, n_embd=12, n_head=1, lev_digits=3, lev_seed_dim=24, lev_heads=2, lev_knots=8,
                      lev_rank=4, lev_normalize_basis=normalize))
-    lev.chunk, lev.compile_kernels = 16, compile
+    lev.chunk, lev.compile_kernels, lev.c_kernels = 16, compile, False  # torch's kernels (not lev_kernels.c)
     with torch.no_grad():
         lev.spline.add_(0.3 * torch.randn_like(lev.spline))  # away from the init, so that every knot matters
         lev.ln_weight.mul_(4.0)  # many coordinates near the ends of [0, 1], where normalising the basis matters

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so that plain `pytest` finds leviathan.py too
 from conftest import lev_param_count  # noqa: E402
 
+import leviathan  # noqa: E402
 from common import CHECKPOINT_VERSION, load_checkpoint  # noqa: E402
 from leviathan import (  # noqa: E402
     EMBEDDINGS,
@@ -31,6 +33,7 @@ from leviathan import (  # noqa: E402
     SplineProduct,
     bspline_basis,
     bspline_weights3,
+    c_library,
     decode_head,
     digit_base,
     sample_next,
@@ -63,14 +66,26 @@ def lev_config(vocab_size=V, n_embd=12, **lev):
     return Config(vocab_size=vocab_size, n_embd=n_embd, n_head=1, **lev)
 
 
-def tiny_lev(seed=0, dtype=torch.float64, d_seed=16, chunk=5, vocab_size=V, normalize=True):
-    """A small LEV in float64 (so fast path and reference agree to ~1e-15), with a chunk smaller than most
-    batches so that chunking is exercised by default."""
+def tiny_lev(seed=0, dtype=torch.float64, d_seed=16, chunk=5, vocab_size=V, normalize=True, kernels="c"):
+    """A small LEV in float64 (so fast path and reference agree to ~1e-15). kernels: "c" (lev_kernels.c; the
+    test is skipped without a C compiler) or "torch" (torch's kernels, with a chunk smaller than most batches so
+    that chunking is exercised by default)."""
     torch.manual_seed(seed)
     lev = LEV(lev_config(vocab_size, lev_digits=3, lev_seed_dim=d_seed, lev_heads=2, lev_knots=8, lev_rank=4,
                          lev_normalize_basis=normalize))
     lev.chunk = chunk
+    use_kernels(lev, kernels)
     return lev.to(dtype)
+
+
+KERNELS = pytest.mark.parametrize("kernels", ["c", "torch"])
+
+
+def use_kernels(lev, kernels):
+    """Make LEV run its C kernels (skip the test where they cannot be built) or torch's."""
+    if kernels == "c" and c_library() is None:
+        pytest.skip("no C compiler for lev_kernels.c")
+    lev.c_kernels = kernels == "c"
 
 
 def random_ids(*shape, seed=0, high=V):
@@ -407,8 +422,9 @@ def test_sample_next_top_p_keeps_the_smallest_nucleus(top_p, nucleus):
 @pytest.mark.parametrize("d_seed", [16, 6, 5])  # partial products of gcd(d_seed, 8) = 8, 2, 1 factors
 @pytest.mark.parametrize("chunk", [1, 7, 10_000])
 @pytest.mark.parametrize("normalize", [True, False])
-def test_lev_fast_path_equals_reference(d_seed, chunk, normalize):
-    lev = tiny_lev(d_seed=d_seed, chunk=chunk, normalize=normalize)
+@KERNELS
+def test_lev_fast_path_equals_reference(d_seed, chunk, normalize, kernels):
+    lev = tiny_lev(d_seed=d_seed, chunk=chunk, normalize=normalize, kernels=kernels)
     idx = torch.cat([random_ids(3, 20, seed=1), torch.tensor([[0, V - 1] * 10])])  # many repeated ids
     assert idx.unique().numel() < idx.numel()
     weight = torch.randn(*idx.shape, lev.n_embd, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -419,10 +435,11 @@ def test_lev_fast_path_equals_reference(d_seed, chunk, normalize):
 
 
 @pytest.mark.parametrize("dtype, big", [(torch.float32, 1e6), (torch.float64, 1e40)])
-def test_lev_with_extreme_spline_scales_equals_reference(dtype, big):
+@KERNELS
+def test_lev_with_extreme_spline_scales_equals_reference(dtype, big, kernels):
     """Seed dimensions alternately scaled by big and 1/big: every grouped partial product of 8 factors over- or
     underflows, though the whole product stays near 1, so the fast path must take the per-factor fallback."""
-    lev = tiny_lev(dtype=dtype, d_seed=16)
+    lev = tiny_lev(dtype=dtype, d_seed=16, kernels=kernels)
     scale = torch.tensor([big, 1 / big] * 8, dtype=torch.float64).view(1, 16, 1, 1)
     with torch.no_grad():
         lev.spline.mul_(scale.to(dtype))
@@ -449,7 +466,8 @@ def test_lev_with_extreme_spline_scales_equals_reference(dtype, big):
     ("subnormal", -44.2),  # ~6e-45 is finite but keeps only a few bits, so its log is off by up to ~0.3
 ])
 @pytest.mark.parametrize("d", [24, 6])  # partial products of 8 factors, of 2
-def test_grouped_log_product_matches_per_factor_log(case, log10_first, d):
+@pytest.mark.parametrize("kernels", ["eager", "c"])
+def test_grouped_log_product_matches_per_factor_log(case, log10_first, d, kernels):
     """SplineProduct's forward multiplies groups of gcd(d, 8) factors and takes one log per group. In float32
     it equals the per-factor product computed in float64, also when a partial product leaves fp32's normal
     range (it then takes one log per factor). S is constant along the knots and t keeps away from the ends of
@@ -465,7 +483,9 @@ def test_grouped_log_product_matches_per_factor_log(case, log10_first, d):
     factors = (magnitude * (torch.randint(0, 2, magnitude.shape, generator=g) * 2 - 1)).float()  # (h, d, r)
     S = factors.unsqueeze(2).expand(h, d, n_knots, r).contiguous()
     t = 0.2 + 0.6 * torch.rand(U, h, d, generator=g)  # knots j-1, j, j+1 all within the 4
-    M = SplineProduct.apply(t, S, 2, False, False)  # (U, h, r)
+    if kernels == "c" and c_library() is None:
+        pytest.skip("no C compiler for lev_kernels.c")
+    M = SplineProduct.apply(t, S, 2, kernels, False)  # (U, h, r)
     want_sign, want_log = signed_log_product(factors.double(), dim=1)  # (h, r)
     torch.testing.assert_close(M.double(), (want_sign * want_log.exp()).expand(U, h, r), rtol=1e-4, atol=0)
     first_partial = factors[:, :group].prod(1)  # what one log per group would have seen, in fp32
@@ -547,21 +567,26 @@ def test_spline_3knots_indexing_equals_embedding_bag():
     torch.testing.assert_close(by_indexing, want, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("kernels", ["eager", "c"])
 @pytest.mark.parametrize("normalize", [True, False])
-def test_spline_product_gradcheck(normalize):
+def test_spline_product_gradcheck(normalize, kernels):
     g = torch.Generator().manual_seed(0)
     t = torch.rand(5, 2, 4, dtype=torch.float64, generator=g)  # (U, h, d)
     t[0, 0, :2] = torch.tensor([0.01, 0.995])  # at the ends, where normalising matters
     t.requires_grad_()
     S = (1 + 0.3 * torch.randn(2, 4, 6, 3, dtype=torch.float64, generator=g)).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t, S: SplineProduct.apply(t, S, 2, False, normalize), (t, S))
+    if kernels == "c" and c_library() is None:
+        pytest.skip("no C compiler for lev_kernels.c")
+    assert torch.autograd.gradcheck(lambda t, S: SplineProduct.apply(t, S, 2, kernels, normalize), (t, S))
 
 
 @pytest.mark.parametrize("normalize", [True, False])
-def test_whole_model_with_coordinates_at_the_ends_equals_reference(normalize):
+@KERNELS
+def test_whole_model_with_coordinates_at_the_ends_equals_reference(normalize, kernels):
     """End to end: LayerNorm gains x8 push many coordinates t to the ends of [0, 1], where the two bases differ;
     the model's loss and every gradient with LEV's fast path equal those with LEV.reference (float64)."""
     model = tiny_model("lev", lev_normalize_basis=normalize).double()
+    use_kernels(model.tok_emb, kernels)
     with torch.no_grad():
         model.tok_emb.ln_weight.mul_(8.0)
     t = model.tok_emb.unit_coords(model.tok_emb.seed(torch.arange(V)))
@@ -586,6 +611,59 @@ def test_lev_of_an_empty_batch_is_empty():
     for shape in [(0,), (2, 0)]:
         E = lev(torch.zeros(shape, dtype=torch.long))
         assert E.shape == (*shape, lev.n_embd) and E.dtype == torch.float64
+
+
+def test_c_kernels_are_built_once_per_source_into_the_cache(tmp_path, monkeypatch):
+    """lev_kernels.c is compiled into LEVIATHAN_CACHE on first use, reused while the source is unchanged, and
+    rebuilt under another name when it changes (the name hashes the source)."""
+    if c_library() is None:
+        pytest.skip("no C compiler for lev_kernels.c")
+    monkeypatch.setenv("LEVIATHAN_CACHE", str(tmp_path / "cache"))
+    first = leviathan.build_c_library()
+    assert first.parent == tmp_path / "cache" and first.exists()
+    mtime = first.stat().st_mtime_ns
+    assert leviathan.build_c_library() == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+    changed = tmp_path / "lev_kernels.c"
+    changed.write_text(leviathan.C_SOURCE.read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(leviathan, "C_SOURCE", changed)
+    second = leviathan.build_c_library()
+    assert second != first and second.exists()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.name, second.name])  # no tmp
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_c_kernels_give_the_same_numbers_on_any_number_of_threads(dtype):
+    """The C kernels split ids (forward) or seed dimensions (backward, in blocks within a head) among threads;
+    each output is computed by one thread in one order, so 1 and 3 threads give the same bits."""
+    lev = tiny_lev(dtype=dtype, d_seed=16, kernels="c")  # 2 heads x 16 dimensions: 3 ranges cross a head
+    idx = random_ids(3, 20, seed=5)
+    weight = torch.randn(3, 20, lev.n_embd, dtype=dtype, generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            results.append(values_and_grads(lev, lev, idx, weight))
+    finally:
+        torch.set_num_threads(threads)
+    assert_same_values_and_grads(results[1], results[0], rtol=0, atol=0)
+
+
+def test_lev_without_a_c_compiler_warns_once_and_runs_torchs_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("LEVIATHAN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(leviathan, "_c_state", {})  # this module's memory of an earlier build: none
+    lev = tiny_lev(kernels="torch")
+    lev.c_kernels = True
+    idx = random_ids(2, 9, seed=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        E = lev(idx)
+        lev(idx)
+    messages = [str(w.message) for w in caught if str(w.message).startswith("LEV:")]
+    assert len(messages) == 1 and "could not build its C kernels" in messages[0] and "--lev_c_kernels" in messages[0]
+    assert lev.kernels(torch.rand(1, 2, 16, dtype=torch.float64)) in ("compiled", "eager")
+    torch.testing.assert_close(E, lev.reference(idx), rtol=1e-10, atol=1e-12)
 
 
 def test_lev_table_equals_reference():
