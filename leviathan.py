@@ -376,7 +376,7 @@ class GPT(nn.Module):
         self.norm = RMSNorm(c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)  # the output head: hidden state -> logits
         self.lean_head = False  # a run setting (set_runtime): the loss from linear_cross_entropy (section 5)
-        self.decode_step = None  # a run setting (set_runtime): forward compiled for one-token decoding steps
+        self.decode_step = None  # a run setting (set_runtime): hidden() compiled for one-token decoding steps
         cos, sin = rotary_tables(c.n_embd // c.n_head, c.block_size)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -405,8 +405,25 @@ class GPT(nn.Module):
         ignored. With lean_head on (a run setting, section 5) the same loss comes without the logits (None),
         which never exist all at once. Without targets: the logits of the last position only, (B, 1, V), and
         loss None.
-        cache: a DecodeCache of one generation call (KV cache and LEV's embedding cache)."""
+        cache: a DecodeCache of one generation call (KV cache, LEV's embedding cache, the head's layout)."""
         B, T = idx.shape
+        x = self.hidden(idx, cache)  # (B, T, n_embd)
+        if targets is None:
+            if cache is not None and cache.head is not None:
+                return cache.head(x[:, -1]).unsqueeze(1), None  # (B, 1, V)
+            return self.lm_head(x[:, [-1], :]), None  # (B, 1, V)
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction={reduction!r}; choose mean or none")
+        if self.lean_head:
+            return None, linear_cross_entropy(x, self.lm_head.weight, targets, reduction=reduction)
+        logits = self.lm_head(x)
+        wide = logits.view(-1, logits.size(-1)).to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
+        loss = F.cross_entropy(wide, targets.reshape(-1), ignore_index=-1, reduction=reduction)
+        return logits, loss.view(B, T) if reduction == "none" else loss
+
+    def hidden(self, idx, cache=None):
+        """idx: (B, T) -> the last hidden states (B, T, n_embd), normalised, which the head turns into logits."""
+        T = idx.shape[1]
         kv_cache = cache.kv if cache is not None else None
         pos = kv_cache.pos if kv_cache is not None else 0
         if pos + T > self.config.block_size:
@@ -419,18 +436,7 @@ class GPT(nn.Module):
             x = block(x, cos, sin, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
-        x = self.norm(x)
-        if targets is None:
-            head = cache.head if cache is not None and cache.head is not None else self.lm_head.weight.T
-            return x[:, [-1], :] @ head, None  # (B, 1, V)
-        if reduction not in ("mean", "none"):
-            raise ValueError(f"reduction={reduction!r}; choose mean or none")
-        if self.lean_head:
-            return None, linear_cross_entropy(x, self.lm_head.weight, targets, reduction=reduction)
-        logits = self.lm_head(x)
-        wide = logits.view(-1, logits.size(-1)).to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
-        loss = F.cross_entropy(wide, targets.reshape(-1), ignore_index=-1, reduction=reduction)
-        return logits, loss.view(B, T) if reduction == "none" else loss
+        return self.norm(x)
 
     def embed(self, idx, cache=None):
         """idx: (B, T) token ids, checked -> input embeddings (B, T, n_embd); cache: a DecodeCache, whose
@@ -494,7 +500,7 @@ class GPT(nn.Module):
         embeddings = EmbeddingCache(self.tok_emb) if lev_cache and self.config.embedding == "lev" else None
         # built once per call, the weights cannot change during it: the head laid out for one token at a time,
         # and the one-token steps' fast path (section 6; it has no dropout: not in training mode with dropout)
-        head = decode_head(self.lm_head.weight)
+        head = DecodeHead(self.lm_head.weight)
         decoder = Decoder(self, head) if use_cache and not (self.training and self.config.dropout > 0) else None
         cache, fed = None, 0  # with the KV cache: how many tokens of the window it holds
         for _ in range(max_new_tokens):
@@ -509,8 +515,8 @@ class GPT(nn.Module):
                 new = idx[:, fed:]  # the window's first tokens after a jump, then one token per step
                 if new.shape[1] > 1 or decoder is None:
                     logits, _ = self(new, cache=cache)
-                elif self.decode_step is not None:
-                    logits, _ = self.decode_step(new, cache=cache)
+                elif self.decode_step is not None:  # compiled; the head runs outside the graph (DecodeHead)
+                    logits = cache.head(self.decode_step(new, cache=cache)[:, -1]).unsqueeze(1)
                 else:
                     logits = decoder.step(new, cache)
                 fed = idx.shape[1]
@@ -528,24 +534,46 @@ class GPT(nn.Module):
 
 class DecodeCache:
     """What one generation call keeps between tokens: the KV cache of the current window (None: no KV cache),
-    for the lev arm its EmbeddingCache (None: recompute embeddings), and the head as a (n_embd, V) matrix laid
-    out for one token at a time (decode_head; None: the head's own weight)."""
+    for the lev arm its EmbeddingCache (None: recompute embeddings), and the head laid out for one token at a
+    time (a DecodeHead; None: the model's own lm_head)."""
 
     def __init__(self, kv, embeddings, head=None):
         self.kv, self.embeddings, self.head = kv, embeddings, head
 
 
-def decode_head(weight):
-    """weight: the head, (V, n_embd) -> a contiguous (n_embd, V) copy on CPU, else None (use weight itself).
+class DecodeHead:
+    """The head of one generation call, laid out for one token at a time: head(x (B, n_embd)) -> logits (B, V).
 
     Decoding multiplies one hidden state by the head per token: a matrix-vector product that reads all V x n_embd
     weights to do 2 FLOPs with each. On CPU, MKL runs x @ W.T with W row-major ~4x slower than x @ W_T with a
     contiguous W_T (3.6 vs 0.9 ms at V = 50,257, n_embd = 128, 1 or 2 threads: the head was 80% of the time
     per token), so one generation call pays one transposed copy (25 MB there; 1.6 GB at the paper's V = 200,376
-    and n_embd = 2,048) and reuses it for every token.
-    The logits are the same sums in another order (tests/test_leviathan.py). GPUs run both layouts alike, and a
-    copy of a large head would cost GPU memory: there the weight is used as it is."""
-    return weight.detach().T.contiguous() if weight.device.type == "cpu" else None
+    and n_embd = 2,048) and reuses it for every token. With several threads the copy is cut into one block of
+    columns per thread, (threads, n_embd, V / threads), multiplied as one batched matmul: each thread streams its
+    own block, and the head, bound by memory traffic, takes 0.44 instead of 0.92 ms at 2 threads (one matmul of
+    a single row runs on one thread). The logits are the same sums in another order (tests/test_leviathan.py).
+    GPUs run both layouts alike, and a copy of a large head would cost GPU memory: there the weight is used as
+    it is."""
+
+    def __init__(self, weight):
+        weight = weight.detach()
+        self.vocab_size, n_embd = weight.shape
+        threads = torch.get_num_threads() if weight.device.type == "cpu" else 1
+        if weight.device.type != "cpu":
+            self.weight_T, self.blocks = weight.T, None
+        elif threads == 1:
+            self.weight_T, self.blocks = weight.T.contiguous(), None
+        else:
+            width = -(-self.vocab_size // threads)  # columns per block; the last one padded with zeros
+            padded = F.pad(weight, (0, 0, 0, threads * width - self.vocab_size))  # (threads * width, n_embd)
+            self.weight_T, self.blocks = None, padded.view(threads, width, n_embd).transpose(1, 2).contiguous()
+
+    def __call__(self, x):
+        if self.blocks is None:
+            return x @ self.weight_T
+        threads, _, width = self.blocks.shape
+        logits = torch.bmm(x.expand(threads, *x.shape), self.blocks)  # (threads, B, width)
+        return logits.transpose(0, 1).reshape(len(x), threads * width)[:, :self.vocab_size]
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
@@ -1102,7 +1130,7 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
 # A one-token step of the CPU config (4 x 4 x 128, V = 50,257) does ~1.6 MFLOP in the backbone and reads the
 # 25 MB head: it costs the head's memory traffic plus a few microseconds of overhead per operation, whatever the
 # operation's size. GPT.forward runs ~30 operations per block; Decoder runs 13, on weights laid out once per
-# generation call for a (B, n_embd) row times a matrix (MKL's fast layout on CPU, see decode_head). Measured on
+# generation call for a (B, n_embd) row times a matrix (MKL's fast layout on CPU, see DecodeHead). Measured on
 # 2 CPU cores, 1 thread (README, "Speed"): 0.89 -> 0.51 ms per token without the head's traffic (V = 1,024).
 
 
@@ -1120,14 +1148,14 @@ class Decoder:
         self.model, self.n_head, self.head_size = model, c.n_head, c.n_embd // c.n_head
         on_cpu = model.lm_head.weight.device.type == "cpu"
 
-        def right_operand(linear):  # (out, in) weight -> (in, out), contiguous on CPU (decode_head says why)
+        def right_operand(linear):  # (out, in) weight -> (in, out), contiguous on CPU (DecodeHead says why)
             w = linear.weight.detach().T
             return w.contiguous() if on_cpu else w
 
         self.blocks = [dict(attn_norm=b.attn_norm, qkv=right_operand(b.attn.qkv), proj=right_operand(b.attn.proj),
                             mlp_norm=b.mlp_norm, gate=right_operand(b.mlp.gate), up=right_operand(b.mlp.up),
                             down=right_operand(b.mlp.down)) for b in model.blocks]
-        self.head = head if head is not None else model.lm_head.weight.detach().T  # (n_embd, V)
+        self.head = head if head is not None else DecodeHead(model.lm_head.weight)
         # rotary tables the width of a head: x * [cos, cos] + roll(x, hs/2) * [-sin, sin] rotates as apply_rotary
         cos, sin = model.rope_cos.flatten(1), model.rope_sin.flatten(1)  # (block_size, hs/2)
         self.cos, self.sin = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (block_size, hs)
@@ -1150,7 +1178,7 @@ class Decoder:
             h = rms_norm(x, w["mlp_norm"])
             x = torch.addmm(x, F.silu(h @ w["gate"]) * (h @ w["up"]), w["down"])  # x + down(silu(gate) * up)
         kv.pos += 1
-        return (rms_norm(x, model.norm) @ self.head).view(B, 1, -1)
+        return self.head(rms_norm(x, model.norm)).view(B, 1, -1)
 
 
 def rms_norm(x, norm):
@@ -1164,11 +1192,12 @@ def set_runtime(model, lev_chunk=None, lev_compile=None, lean_head=None, compile
     whether forward computes the loss with the memory-lean head, and whether generation runs its one-token steps
     through torch.compile (compile_decode).
 
-    compile_decode compiles forward for single tokens only: a window's first tokens (the prompt, or the half
-    block after a jump) run eagerly, so the compiled graph meets one shape, T = 1, and the KV cache's position
-    becomes its one dynamic number after the second token (two compilations, not one per position)."""
+    compile_decode compiles GPT.hidden (all but the head) for single tokens only, in place of the Decoder: a
+    window's first tokens (the prompt, or the half block after a jump) run eagerly, so the compiled graph meets one
+    shape, T = 1, and the KV cache's position becomes its one dynamic number after the second token (two
+    compilations, not one per position). The head (DecodeHead) runs eagerly on MKL."""
     if compile_decode is not None:
-        model.decode_step = torch.compile(model.forward) if compile_decode else None
+        model.decode_step = torch.compile(model.hidden) if compile_decode else None
     if isinstance(model.tok_emb, LEV):
         if lev_chunk is not None:
             model.tok_emb.chunk = lev_chunk

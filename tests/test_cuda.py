@@ -192,9 +192,10 @@ def test_kv_cache_generation_equals_uncached(arm, prompt_len):
 @ARMS
 def test_compiled_decoding_equals_eager(arm):
     """sample.py --compile on the GPU: the one-token steps through torch.compile (Triton) give the eager greedy
-    tokens, past block_size too. fp32; the head is used as it is there (decode_head makes no copy on a GPU)."""
+    tokens, past block_size too. fp32; the head is used as it is there (DecodeHead makes no copy on a GPU)."""
     model = tiny_gpt(arm).eval()
-    assert leviathan.decode_head(model.lm_head.weight) is None
+    head = leviathan.DecodeHead(model.lm_head.weight)
+    assert head.blocks is None and head.weight_T.data_ptr() == model.lm_head.weight.data_ptr()
     prompt = random_ids(2, 5, seed=3)
     eager = model.generate(prompt, 40, temperature=0.0)
     with torch.compiler.set_stance("default"):

@@ -27,6 +27,7 @@ from leviathan import (  # noqa: E402
     LEV,
     Config,
     DecodeCache,
+    DecodeHead,
     Decoder,
     EmbeddingCache,
     KVCache,
@@ -34,7 +35,6 @@ from leviathan import (  # noqa: E402
     bspline_basis,
     bspline_weights3,
     c_library,
-    decode_head,
     digit_base,
     sample_next,
     signed_log_product,
@@ -279,7 +279,7 @@ def test_decoder_step_equals_forward_with_cache(arm):
     model = tiny_model(arm).double().eval()
     idx = random_ids(2, BLOCK, seed=4)
     with torch.no_grad():
-        decoder = Decoder(model, decode_head(model.lm_head.weight))
+        decoder = Decoder(model, DecodeHead(model.lm_head.weight))
         for prompt_len in (0, 5):
             plain = DecodeCache(KVCache(model.config.n_layer, BLOCK), None)
             fast = DecodeCache(KVCache(model.config.n_layer, BLOCK), None, decoder.head)
@@ -300,12 +300,24 @@ def test_decoder_step_equals_forward_with_cache(arm):
 
 
 @arms
-def test_decode_head_gives_the_heads_logits(arm):
-    """Generation's head (decode_head: a (n_embd, V) copy on CPU) gives the logits of the model's own head."""
+@pytest.mark.parametrize("threads", [1, 3])
+def test_decode_head_gives_the_heads_logits(arm, threads):
+    """Generation's head (DecodeHead: a (n_embd, V) copy on CPU, in column blocks with several threads; V = 61 is
+    not a multiple of 3) gives the logits of the model's own head, and copies rather than changes the weight."""
     model = tiny_model(arm).eval()
-    head = decode_head(model.lm_head.weight)
-    assert head.shape == (model.config.n_embd, V) and head.is_contiguous()
-    assert head.data_ptr() != model.lm_head.weight.data_ptr()  # a copy: the weight itself is never changed
+    weight = model.lm_head.weight
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        head = DecodeHead(weight)
+    finally:
+        torch.set_num_threads(before)
+    copy = head.weight_T if threads == 1 else head.blocks
+    assert copy.shape == ((model.config.n_embd, V) if threads == 1 else (3, model.config.n_embd, 21))
+    assert copy.is_contiguous() and copy.data_ptr() != weight.data_ptr()
+    x = torch.randn(2, model.config.n_embd, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(head(x), x @ weight.T, rtol=1e-5, atol=1e-6)
     idx = random_ids(2, BLOCK, seed=3)
     with torch.no_grad():
         full, _ = model(idx, targets=idx)
@@ -329,6 +341,24 @@ def test_generation_with_cache_equals_without(arm, prompt_len, sampling):
     assert cached.shape == (2, prompt_len + 40)
     assert torch.equal(cached[:, :prompt_len], prompt)
     assert torch.equal(cached, plain)
+
+
+@arms
+def test_generation_on_several_threads_equals_without_cache(arm):
+    """With 3 threads the head is cut into column blocks (DecodeHead) in both paths: same tokens with and without
+    the KV cache, greedy and sampled, past block_size."""
+    model = tiny_model(arm).eval()
+    prompt = random_ids(2, 5, seed=1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        for sampling in (dict(temperature=0.0), dict(temperature=1.0, top_k=10)):
+            torch.manual_seed(123)
+            cached = model.generate(prompt, 40, **sampling)
+            torch.manual_seed(123)
+            assert torch.equal(cached, model.generate(prompt, 40, use_cache=False, **sampling))
+    finally:
+        torch.set_num_threads(before)
 
 
 @arms
