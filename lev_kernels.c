@@ -10,8 +10,9 @@
      - backward: each seed dimension (h, d) owns its slice of dL/dS, so the 3 non-zero knots of each id are
        accumulated in place, in registers and L1, without a dense 18-knot basis (the torch kernel's batched
        matmul does 6x the multiplications) and without atomics.
-   Built by leviathan.py on first use with the system's C compiler; callers split the work into ranges (of ids
-   for forward, of seed dimensions for backward) and run them on threads. Shapes, all contiguous:
+   Built by leviathan.py on first use with the system's C compiler, with OpenMP where it has it: the library
+   then shares torch's OpenMP runtime (the libgomp torch loaded) and so its threads and their number
+   (torch.set_num_threads). Shapes, all contiguous:
      t (U, H, D) unit coordinates; S (H*D, K+2, R) spline coefficients with a zero knot at each end;
      M (U, H, R) modes; G (U, H, R) = dL/dM * M; grad_t (U, H, D); grad_S (H*D, K+2, R), zeroed by the caller. */
 
@@ -70,15 +71,17 @@ static void mode_by_logs_##SUFFIX(const T *t_uh, const T *S_h, T *M_uh, int64_t 
         M_uh[r] = (fmod(neg[r], 2) == 1 ? -1 : 1) * exp(log_abs[r]);                              \
 }                                                                                                 \
                                                                                                   \
-/* M[u, h, :] = prod_d phi[u, h, d, :] for ids u0 <= u < u1 */                                     \
-void lev_forward_##SUFFIX(const T *t, const T *S, T *M, int64_t u0, int64_t u1, int64_t H,       \
-                          int64_t D, int64_t K, int64_t R, int normalize) {                       \
-    T mant[R], w0[D], w1[D], w2[D], dw0[D], dw1[D], dw2[D]; int64_t expo[R], j[D]; int bad[R];      \
+/* M[u, h, :] = prod_d phi[u, h, d, :] for all U ids; threads split the ids */                      \
+void lev_forward_##SUFFIX(const T *t, const T *S, T *M, int64_t U, int64_t H, int64_t D, int64_t K, \
+                          int64_t R, int normalize) {                                             \
     /* renormalise every gcd(D, 8) factors, where the torch kernel takes its logs */               \
     int64_t group = D % 8 == 0 ? 8 : D % 4 == 0 ? 4 : D % 2 == 0 ? 2 : 1;                         \
-    for (int64_t h = 0; h < H; h++)  /* heads outside: one head's S (D x (K+2) x R) stays in L2 */ \
-        for (int64_t u = u0; u < u1; u++) {                                                       \
-            const T *t_uh = t + (u * H + h) * D, *S_h = S + h * D * (K + 2) * R;                  \
+    for (int64_t h = 0; h < H; h++) {  /* heads outside: one head's S (D x (K+2) x R) stays in L2 */ \
+        const T *S_h = S + h * D * (K + 2) * R;                                                   \
+        _Pragma("omp parallel for schedule(static)")                                              \
+        for (int64_t u = 0; u < U; u++) {                                                         \
+            T mant[R], w0[D], w1[D], w2[D], dw0[D], dw1[D], dw2[D]; int64_t expo[R], j[D]; int bad[R]; \
+            const T *t_uh = t + (u * H + h) * D;                                                  \
             T *M_uh = M + (u * H + h) * R;                                                        \
             weights_##SUFFIX(t_uh, D, K, normalize, j, w0, w1, w2, dw0, dw1, dw2);                \
             for (int64_t r = 0; r < R; r++) { mant[r] = 1; expo[r] = 0; bad[r] = 0; }              \
@@ -99,26 +102,35 @@ void lev_forward_##SUFFIX(const T *t, const T *S, T *M, int64_t u0, int64_t u1, 
                     }                                                                             \
                 }                                                                                 \
             }                                                                                     \
-            int any_bad = 0;                                                                      \
-            for (int64_t r = 0; r < R; r++) {                                                     \
+            int any_bad = 0, any_extreme = 0;                                                     \
+            _Pragma("omp simd reduction(|:any_bad, any_extreme)")                                 \
+            for (int64_t r = 0; r < R; r++) {  /* M = mant 2^expo: expo into mant's exponent field */ \
+                UINT bits; memcpy(&bits, &mant[r], sizeof bits);                                  \
+                int64_t field = expo[r] + BIAS;                                                   \
                 any_bad |= bad[r];                                                                \
-                M_uh[r] = ldexp(mant[r], (int)(expo[r] > 100000 ? 100000 : expo[r] < -100000 ? -100000 : expo[r])); \
+                any_extreme |= (field < 1) | (field > EXP_MAX - 1);                               \
+                bits = (bits & ~((UINT)EXP_MAX << MANT_BITS)) | ((UINT)(field & EXP_MAX) << MANT_BITS); \
+                memcpy(&M_uh[r], &bits, sizeof bits);                                             \
             }                                                                                     \
+            if (any_extreme)  /* beyond T's normal range: ldexp rounds to a subnormal, 0 or inf */ \
+                for (int64_t r = 0; r < R; r++)                                                   \
+                    M_uh[r] = ldexp(mant[r], (int)(expo[r] > 100000 ? 100000 : expo[r] < -100000 ? -100000 : expo[r])); \
             if (any_bad) mode_by_logs_##SUFFIX(t_uh, S_h, M_uh, D, K, R, normalize);               \
         }                                                                                         \
+    }                                                                                             \
 }                                                                                                 \
                                                                                                   \
-/* dL/dt and dL/dS of seed dimensions hd0 <= hd < hd1 (hd = h * D + d), from G = dL/dM * M:           \
+/* dL/dt and dL/dS of all seed dimensions from G = dL/dM * M, in blocks of BLOCK dimensions of one head:     \
    dL/dphi = G / phi;  dL/dt = sum_r dL/dphi * sum_m dw_m s_m;  dL/dS[knot j-1+m] += w_m dL/dphi.     \
-   A thread owns the dL/dS of its seed dimensions: no two threads write the same place. */        \
-void lev_backward_##SUFFIX(const T *t, const T *S, const T *G, T *grad_t, T *grad_S, int64_t hd0, \
-                           int64_t hd1, int64_t U, int64_t H, int64_t D, int64_t K, int64_t R,   \
-                           int normalize) {                                                       \
-    T w0[BLOCK], w1[BLOCK], w2[BLOCK], dw0[BLOCK], dw1[BLOCK], dw2[BLOCK]; int64_t j[BLOCK];        \
-    for (int64_t first = hd0; first < hd1;) {  /* a block of dimensions within one head */        \
-        int64_t h = first / D, d0 = first % D;                                                    \
-        int64_t n = hd1 - first < BLOCK ? hd1 - first : BLOCK;                                    \
-        if (n > D - d0) n = D - d0;                                                               \
+   Threads split the blocks, and each block's dL/dS belongs to one thread: no two write the same place. */ \
+void lev_backward_##SUFFIX(const T *t, const T *S, const T *G, T *grad_t, T *grad_S, int64_t U,  \
+                           int64_t H, int64_t D, int64_t K, int64_t R, int normalize) {           \
+    int64_t per_head = (D + BLOCK - 1) / BLOCK;                                                   \
+    _Pragma("omp parallel for schedule(static)")                                                  \
+    for (int64_t block = 0; block < H * per_head; block++) {                                      \
+        T w0[BLOCK], w1[BLOCK], w2[BLOCK], dw0[BLOCK], dw1[BLOCK], dw2[BLOCK]; int64_t j[BLOCK];    \
+        int64_t h = block / per_head, d0 = block % per_head * BLOCK;                              \
+        int64_t n = D - d0 < BLOCK ? D - d0 : BLOCK, first = h * D + d0;                          \
         for (int64_t u = 0; u < U; u++) {                                                         \
             const T *g = G + (u * H + h) * R;                                                     \
             weights_##SUFFIX(t + (u * H + h) * D + d0, n, K, normalize, j, w0, w1, w2, dw0, dw1, dw2); \
@@ -137,7 +149,6 @@ void lev_backward_##SUFFIX(const T *t, const T *S, const T *G, T *grad_t, T *gra
                 grad_t[(u * H + h) * D + d0 + i] = gt;                                            \
             }                                                                                     \
         }                                                                                         \
-        first += n;                                                                               \
     }                                                                                             \
 }
 

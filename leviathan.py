@@ -31,7 +31,6 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -721,12 +720,13 @@ def run_kernel(kernel, *args, compile=True):
 
 # The C kernels (lev_kernels.c): the same two functions in loops ordered for a CPU, ~3x faster than the compiled
 # torch kernels in training (README, "Speed"). Built once per machine with the system's C compiler into a cache
-# directory, loaded with ctypes, and run on torch's number of threads (ctypes releases the GIL during a call).
+# directory and loaded with ctypes. Built with OpenMP, the library uses the OpenMP runtime torch has loaded, so
+# torch's threads, as many as torch.get_num_threads(); without it (a compiler without OpenMP), one thread.
 
 C_SOURCE = Path(__file__).with_name("lev_kernels.c")
 C_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC")
 C_TYPES = {torch.float32: "f32", torch.float64: "f64"}
-_c_state = {}  # "library": the loaded library, or None where it could not be built (warned once); "pool"
+_c_state = {}  # "library": the loaded library, or None where it could not be built (warned once)
 
 
 def c_library():
@@ -746,7 +746,8 @@ def c_library():
 
 
 def build_c_library():
-    """Compile C_SOURCE unless this machine's build is cached -> the path of the shared library."""
+    """Compile C_SOURCE, with OpenMP if the compiler has it, unless this machine's build is cached -> the path of
+    the shared library."""
     compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
     source = C_SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, " ".join(C_FLAGS).encode(), compiler.encode(),
@@ -757,8 +758,13 @@ def build_c_library():
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a file
             built = Path(tmp) / library.name
-            subprocess.run([compiler, *C_FLAGS, str(C_SOURCE), "-o", str(built), "-lm"], check=True,
-                           capture_output=True, timeout=300)
+            for openmp in (["-fopenmp"], []):
+                command = [compiler, *C_FLAGS, *openmp, str(C_SOURCE), "-o", str(built), "-lm"]
+                result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+                if result.returncode == 0:
+                    break
+            if result.returncode != 0:
+                raise subprocess.CalledProcessError(result.returncode, command, result.stdout, result.stderr)
             os.replace(built, library)
     return library
 
@@ -767,21 +773,9 @@ def load_c_library(path):
     library = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for name in C_TYPES.values():
-        getattr(library, f"lev_forward_{name}").argtypes = [ptr] * 3 + [i64] * 6 + [ctypes.c_int]
-        getattr(library, f"lev_backward_{name}").argtypes = [ptr] * 5 + [i64] * 7 + [ctypes.c_int]
+        getattr(library, f"lev_forward_{name}").argtypes = [ptr] * 3 + [i64] * 5 + [ctypes.c_int]
+        getattr(library, f"lev_backward_{name}").argtypes = [ptr] * 5 + [i64] * 5 + [ctypes.c_int]
     return library
-
-
-def run_in_ranges(kernel, n):
-    """kernel(start, end) over [0, n) split into torch.get_num_threads() ranges, on that many threads."""
-    threads = max(1, min(torch.get_num_threads(), n))
-    edges = [n * i // threads for i in range(threads + 1)]
-    if threads == 1:
-        return kernel(0, n)
-    pool = _c_state.get("pool")
-    if pool is None or pool._max_workers != threads:
-        pool = _c_state["pool"] = ThreadPoolExecutor(threads, thread_name_prefix="lev")
-    list(pool.map(kernel, edges[:-1], edges[1:]))
 
 
 def c_spline_product(t, S_padded, normalize):
@@ -790,8 +784,7 @@ def c_spline_product(t, S_padded, normalize):
     t, S_padded = t.contiguous(), S_padded.contiguous()
     M = t.new_empty(U, h, r)
     forward = getattr(c_library(), f"lev_forward_{C_TYPES[t.dtype]}")
-    run_in_ranges(lambda u0, u1: forward(t.data_ptr(), S_padded.data_ptr(), M.data_ptr(), u0, u1, h, d,
-                                         n_padded - 2, r, normalize), U)
+    forward(t.data_ptr(), S_padded.data_ptr(), M.data_ptr(), U, h, d, n_padded - 2, r, normalize)
     return M
 
 
@@ -801,9 +794,8 @@ def c_spline_product_backward(t, S_padded, G, normalize):
     t, S_padded, G = t.contiguous(), S_padded.contiguous(), G.contiguous()
     grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
     backward = getattr(c_library(), f"lev_backward_{C_TYPES[t.dtype]}")
-    run_in_ranges(lambda hd0, hd1: backward(t.data_ptr(), S_padded.data_ptr(), G.data_ptr(), grad_t.data_ptr(),
-                                            grad_S.data_ptr(), hd0, hd1, U, h, d, n_padded - 2, r, normalize),
-                  h * d)
+    backward(t.data_ptr(), S_padded.data_ptr(), G.data_ptr(), grad_t.data_ptr(), grad_S.data_ptr(), U, h, d,
+             n_padded - 2, r, normalize)
     return grad_t, grad_S
 
 

@@ -661,6 +661,20 @@ def test_c_kernels_are_built_once_per_source_into_the_cache(tmp_path, monkeypatc
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([first.name, second.name])  # no tmp
 
 
+@pytest.mark.parametrize("factor, want", [(2.0, float("inf")), (0.5, 2.0 ** -130), (-2.0, float("inf"))])
+def test_c_kernels_modes_beyond_float32s_range_are_what_float32_makes_of_them(factor, want):
+    """130 factors of 2 (or 1/2): every partial product is normal, the mode 2^130 (2^-130) is not: inf (a
+    subnormal), as exp(log|M|) gives in the torch kernels. An even number of negative factors: positive."""
+    if c_library() is None:
+        pytest.skip("no C compiler for lev_kernels.c")
+    h, d, n_knots, r = 1, 130, 4, 3
+    S = torch.full((h, d, n_knots, r), factor)
+    t = torch.full((2, h, d), 0.5)  # knots 1, 2, 3 of 0..3 all exist: weights sum to 1, so phi = factor
+    M = SplineProduct.apply(t, S, 2, "c", True)
+    torch.testing.assert_close(M, torch.full_like(M, want), rtol=1e-6, atol=0)
+    torch.testing.assert_close(M, SplineProduct.apply(t, S, 2, "eager", True), rtol=1e-3, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_c_kernels_give_the_same_numbers_on_any_number_of_threads(dtype):
     """The C kernels split ids (forward) or seed dimensions (backward, in blocks within a head) among threads;
