@@ -17,7 +17,7 @@ The file is one story, top to bottom; a reader who stops after section 3 has rea
   4. LEV's fast path: the machinery that makes training fast (kernels, a custom autograd Function, their
      torch.compile wrapper) and the per-call embedding cache of generation;
   5. the memory-lean head: the loss without ever holding all the logits;
-  6. the decoder: generation's one-token steps in fewer operations.
+  6. decoding: the head laid out for one token at a time, and the one-token steps in fewer operations.
 Each piece of 4 to 6 is tested equal, in float64 values and gradients, to the plain path it speeds up; which
 of them a run uses are settings of the run (set_runtime), not of the model.
 """
@@ -538,41 +538,6 @@ class DecodeCache:
 
     def __init__(self, kv, embeddings, head=None):
         self.kv, self.embeddings, self.head = kv, embeddings, head
-
-
-class DecodeHead:
-    """The head of one generation call, laid out for one token at a time: head(x (B, n_embd)) -> logits (B, V).
-
-    Decoding multiplies one hidden state by the head per token: a matrix-vector product that reads all V x n_embd
-    weights to do 2 FLOPs with each. On CPU, MKL runs x @ W.T with W row-major ~4x slower than x @ W_T with a
-    contiguous W_T (3.6 vs 0.9 ms at V = 50,257, n_embd = 128, 1 or 2 threads: the head was 80% of the time
-    per token), so one generation call pays one transposed copy (25 MB there; 1.6 GB at the paper's V = 200,376
-    and n_embd = 2,048) and reuses it for every token. With several threads the copy is cut into one block of
-    columns per thread, (threads, n_embd, V / threads), multiplied as one batched matmul: each thread streams its
-    own block, and the head, bound by memory traffic, takes 0.44 instead of 0.92 ms at 2 threads (one matmul of
-    a single row runs on one thread). The logits are the same sums in another order (tests/test_leviathan.py).
-    GPUs run both layouts alike, and a copy of a large head would cost GPU memory: there the weight is used as
-    it is."""
-
-    def __init__(self, weight):
-        weight = weight.detach()
-        self.vocab_size, n_embd = weight.shape
-        threads = torch.get_num_threads() if weight.device.type == "cpu" else 1
-        if weight.device.type != "cpu":
-            self.weight_T, self.blocks = weight.T, None
-        elif threads == 1:
-            self.weight_T, self.blocks = weight.T.contiguous(), None
-        else:
-            width = -(-self.vocab_size // threads)  # columns per block; the last one padded with zeros
-            padded = F.pad(weight, (0, 0, 0, threads * width - self.vocab_size))  # (threads * width, n_embd)
-            self.weight_T, self.blocks = None, padded.view(threads, width, n_embd).transpose(1, 2).contiguous()
-
-    def __call__(self, x):
-        if self.blocks is None:
-            return x @ self.weight_T
-        threads, _, width = self.blocks.shape
-        logits = torch.bmm(x.expand(threads, *x.shape), self.blocks)  # (threads, B, width)
-        return logits.transpose(0, 1).reshape(len(x), threads * width)[:, :self.vocab_size]
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
@@ -1117,13 +1082,50 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
 
 
 # ----------------------------------------------------------------------------------------------------------
-# 6. Decoding one token at a time: GPT.forward's arithmetic in fewer operations
+# 6. Decoding one token at a time: the head laid out for it, and GPT.forward's arithmetic in fewer operations
 #
 # A one-token step of the CPU config (4 x 4 x 128, V = 50,257) does ~1.6 MFLOP in the backbone and reads the
 # 25 MB head: it costs the head's memory traffic plus a few microseconds of overhead per operation, whatever the
-# operation's size. GPT.forward runs ~30 operations per block; Decoder runs 13, on weights laid out once per
-# generation call for a (B, n_embd) row times a matrix (MKL's fast layout on CPU, see DecodeHead). Measured on
-# 2 CPU cores, 1 thread (README, "Speed"): 0.89 -> 0.51 ms per token without the head's traffic (V = 1,024).
+# operation's size. DecodeHead lays the head out for MKL's matrix-vector product, one block of columns per
+# thread; Decoder runs the step in 13 operations per block instead of GPT.forward's ~30, on weights laid out
+# once per generation call. Measured on this project's CPU, 1 thread, greedy steps of a tied model (scratch
+# timing): forward 0.89 -> Decoder 0.56 ms per token at V = 1,024, where the head costs little; 2.56 -> 2.19 ms
+# at V = 50,257, where its 25 MB, read from memory every token, also push the backbone's weights out of cache.
+
+
+class DecodeHead:
+    """The head of one generation call, laid out for one token at a time: head(x (B, n_embd)) -> logits (B, V).
+
+    Decoding multiplies one hidden state by the head per token: a matrix-vector product that reads all V x n_embd
+    weights to do 2 FLOPs with each. On CPU, MKL runs x @ W.T with W row-major ~4x slower than x @ W_T with a
+    contiguous W_T (3.6 vs 0.9 ms at V = 50,257, n_embd = 128, 1 or 2 threads: the head was 80% of the time
+    per token), so one generation call pays one transposed copy (25 MB there; 1.6 GB at the paper's V = 200,376
+    and n_embd = 2,048) and reuses it for every token. With several threads the copy is cut into one block of
+    columns per thread, (threads, n_embd, V / threads), multiplied as one batched matmul: each thread streams its
+    own block, and the head, bound by memory traffic, takes 0.44 instead of 0.92 ms at 2 threads (one matmul of
+    a single row runs on one thread). The logits are the same sums in another order (tests/test_leviathan.py).
+    GPUs run both layouts alike, and a copy of a large head would cost GPU memory: there the weight is used as
+    it is."""
+
+    def __init__(self, weight):
+        weight = weight.detach()
+        self.vocab_size, n_embd = weight.shape
+        threads = torch.get_num_threads() if weight.device.type == "cpu" else 1
+        if weight.device.type != "cpu":
+            self.weight_T, self.blocks = weight.T, None
+        elif threads == 1:
+            self.weight_T, self.blocks = weight.T.contiguous(), None
+        else:
+            width = -(-self.vocab_size // threads)  # columns per block; the last one padded with zeros
+            padded = F.pad(weight, (0, 0, 0, threads * width - self.vocab_size))  # (threads * width, n_embd)
+            self.weight_T, self.blocks = None, padded.view(threads, width, n_embd).transpose(1, 2).contiguous()
+
+    def __call__(self, x):
+        if self.blocks is None:
+            return x @ self.weight_T
+        threads, _, width = self.blocks.shape
+        logits = torch.bmm(x.expand(threads, *x.shape), self.blocks)  # (threads, B, width)
+        return logits.transpose(0, 1).reshape(len(x), threads * width)[:, :self.vocab_size]
 
 
 class Decoder:
