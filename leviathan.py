@@ -1102,8 +1102,8 @@ class DecodeHead:
     per token), so one generation call pays one transposed copy (25 MB there; 1.6 GB at the paper's V = 200,376
     and n_embd = 2,048) and reuses it for every token. With several threads the copy is cut into one block of
     columns per thread, (threads, n_embd, V / threads), multiplied as one batched matmul: each thread streams its
-    own block, and the head, bound by memory traffic, takes 0.44 instead of 0.92 ms at 2 threads (one matmul of
-    a single row runs on one thread). The logits are the same sums in another order (tests/test_leviathan.py).
+    own block, and the head, bound by memory traffic, takes 0.44-0.59 instead of 0.92-0.94 ms at 2 threads (one
+    matmul of a single row runs on one thread). The logits are the same sums in another order (tests/test_leviathan.py).
     GPUs run both layouts alike, and a copy of a large head would cost GPU memory: there the weight is used as
     it is."""
 
