@@ -31,6 +31,7 @@ static void weights_##SUFFIX(const T *restrict t, int64_t n, int64_t K, int norm
     _Pragma("omp simd")                                                                           \
     for (int64_t i = 0; i < n; i++) {                                                             \
         T s = t[i] * last, jf = rint(s), f = s - jf;                                              \
+        jf = jf < 0 ? 0 : jf > last ? last : jf;  /* t is in [0, 1]; a t outside reads no memory outside */ \
         T a = (T)0.5 * ((T)0.5 - f) * ((T)0.5 - f), b = (T)0.75 - f * f, c = (T)0.5 * ((T)0.5 + f) * ((T)0.5 + f); \
         T da = (f - (T)0.5) * last, db = (T)-2.0 * f * last, dc = ((T)0.5 + f) * last;            \
         if (normalize) {                                                                          \

@@ -703,7 +703,7 @@ def c_library():
             _c_state["library"] = load_c_library(build_c_library())
         except (OSError, subprocess.SubprocessError) as error:
             _c_state["library"] = None
-            detail = (str(error).strip().splitlines() or [""])[0][:200]
+            detail = ((getattr(error, "stderr", None) or str(error)).strip().splitlines() or [""])[0][:200]
             warnings.warn(f"LEV: could not build its C kernels ({type(error).__name__}: {detail}); torch's kernels "
                           f"run instead, ~3x slower on CPU. Install a C compiler (or set CC), or pass "
                           f"--lev_c_kernels=False to skip the attempt.", stacklevel=2)

@@ -9,6 +9,7 @@ Run:  python -m pytest -q tests/test_leviathan.py
 import dataclasses
 import math
 import re
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -693,8 +694,11 @@ def test_c_kernels_give_the_same_numbers_on_any_number_of_threads(dtype):
     assert_same_values_and_grads(results[1], results[0], rtol=0, atol=0)
 
 
-def test_lev_without_a_c_compiler_warns_once_and_runs_torchs_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+@pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])  # missing, or failing (exit status 1)
+def test_lev_without_a_c_compiler_warns_once_and_runs_torchs_kernels(tmp_path, monkeypatch, compiler):
+    if compiler == "false" and shutil.which("false") is None:
+        pytest.skip("no `false` command to stand in for a failing compiler")
+    monkeypatch.setenv("CC", str(tmp_path / compiler) if compiler == "no-such-compiler" else shutil.which("false"))
     monkeypatch.setenv("LEVIATHAN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(leviathan, "_c_state", {})  # this module's memory of an earlier build: none
     lev = tiny_lev(kernels="torch")
