@@ -72,6 +72,46 @@ static void mode_by_logs_##SUFFIX(const T *t_uh, const T *S_h, T *M_uh, int64_t 
         M_uh[r] = (fmod(neg[r], 2) == 1 ? -1 : 1) * exp(log_abs[r]);                              \
 }                                                                                                 \
                                                                                                   \
+/* the mode of id u, head h: M_uh = prod_d phi[u, h, d, :], renormalised every `group` factors. Inlined into  \
+   the callers below with R = 64 (the paper's r) as a constant, which the compiler unrolls, or as it comes. */ \
+static inline __attribute__((always_inline)) void mode_##SUFFIX(const T *t_uh, const T *S_h, T *M_uh,      \
+        int64_t D, int64_t K, int64_t R, int normalize, int64_t group) {                          \
+    T mant[R], w0[D], w1[D], w2[D], dw0[D], dw1[D], dw2[D]; int64_t expo[R], j[D]; int bad[R];      \
+    weights_##SUFFIX(t_uh, D, K, normalize, j, w0, w1, w2, dw0, dw1, dw2);                        \
+    for (int64_t r = 0; r < R; r++) { mant[r] = 1; expo[r] = 0; bad[r] = 0; }                      \
+    for (int64_t d = 0; d < D; d++) {                                                             \
+        const T *s = S_h + (d * (K + 2) + j[d]) * R, a = w0[d], b = w1[d], c = w2[d];             \
+        _Pragma("omp simd")                                                                       \
+        for (int64_t r = 0; r < R; r++)                                                           \
+            mant[r] *= a * s[r] + b * s[R + r] + c * s[2 * R + r];                                \
+        if (d % group == group - 1) {  /* mant = m 2^e, m in [1, 2): keep m, add e */             \
+            _Pragma("omp simd")                                                                   \
+            for (int64_t r = 0; r < R; r++) {                                                     \
+                UINT bits; memcpy(&bits, &mant[r], sizeof bits);                                  \
+                int64_t field = (int64_t)((bits >> MANT_BITS) & EXP_MAX);                         \
+                bad[r] |= (field == 0) | (field == EXP_MAX);                                      \
+                expo[r] += field - BIAS;                                                          \
+                bits = (bits & ~((UINT)EXP_MAX << MANT_BITS)) | ((UINT)BIAS << MANT_BITS);         \
+                memcpy(&mant[r], &bits, sizeof bits);                                             \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    int any_bad = 0, any_extreme = 0;                                                             \
+    _Pragma("omp simd reduction(|:any_bad, any_extreme)")                                         \
+    for (int64_t r = 0; r < R; r++) {  /* M = mant 2^expo: expo into mant's exponent field */     \
+        UINT bits; memcpy(&bits, &mant[r], sizeof bits);                                          \
+        int64_t field = expo[r] + BIAS;                                                           \
+        any_bad |= bad[r];                                                                        \
+        any_extreme |= (field < 1) | (field > EXP_MAX - 1);                                       \
+        bits = (bits & ~((UINT)EXP_MAX << MANT_BITS)) | ((UINT)(field & EXP_MAX) << MANT_BITS);   \
+        memcpy(&M_uh[r], &bits, sizeof bits);                                                     \
+    }                                                                                             \
+    if (any_extreme)  /* beyond T's normal range: ldexp rounds to a subnormal, 0 or inf */        \
+        for (int64_t r = 0; r < R; r++)                                                           \
+            M_uh[r] = ldexp(mant[r], (int)(expo[r] > 100000 ? 100000 : expo[r] < -100000 ? -100000 : expo[r])); \
+    if (any_bad) mode_by_logs_##SUFFIX(t_uh, S_h, M_uh, D, K, R, normalize);                       \
+}                                                                                                 \
+                                                                                                  \
 /* M[u, h, :] = prod_d phi[u, h, d, :] for all U ids; threads split the ids */                      \
 void lev_forward_##SUFFIX(const T *t, const T *S, T *M, int64_t U, int64_t H, int64_t D, int64_t K, \
                           int64_t R, int normalize) {                                             \
@@ -81,42 +121,36 @@ void lev_forward_##SUFFIX(const T *t, const T *S, T *M, int64_t U, int64_t H, in
         const T *S_h = S + h * D * (K + 2) * R;                                                   \
         _Pragma("omp parallel for schedule(static)")                                              \
         for (int64_t u = 0; u < U; u++) {                                                         \
-            T mant[R], w0[D], w1[D], w2[D], dw0[D], dw1[D], dw2[D]; int64_t expo[R], j[D]; int bad[R]; \
             const T *t_uh = t + (u * H + h) * D;                                                  \
             T *M_uh = M + (u * H + h) * R;                                                        \
-            weights_##SUFFIX(t_uh, D, K, normalize, j, w0, w1, w2, dw0, dw1, dw2);                \
-            for (int64_t r = 0; r < R; r++) { mant[r] = 1; expo[r] = 0; bad[r] = 0; }              \
-            for (int64_t d = 0; d < D; d++) {                                                     \
-                const T *s = S_h + (d * (K + 2) + j[d]) * R, a = w0[d], b = w1[d], c = w2[d];     \
-                _Pragma("omp simd")                                                               \
-                for (int64_t r = 0; r < R; r++)                                                   \
-                    mant[r] *= a * s[r] + b * s[R + r] + c * s[2 * R + r];                        \
-                if (d % group == group - 1) {  /* mant = m 2^e, m in [1, 2): keep m, add e */     \
-                    _Pragma("omp simd")                                                           \
-                    for (int64_t r = 0; r < R; r++) {                                             \
-                        UINT bits; memcpy(&bits, &mant[r], sizeof bits);                          \
-                        int64_t field = (int64_t)((bits >> MANT_BITS) & EXP_MAX);                 \
-                        bad[r] |= (field == 0) | (field == EXP_MAX);                              \
-                        expo[r] += field - BIAS;                                                  \
-                        bits = (bits & ~((UINT)EXP_MAX << MANT_BITS)) | ((UINT)BIAS << MANT_BITS); \
-                        memcpy(&mant[r], &bits, sizeof bits);                                     \
-                    }                                                                             \
-                }                                                                                 \
+            if (R == 64) mode_##SUFFIX(t_uh, S_h, M_uh, D, K, 64, normalize, group);               \
+            else mode_##SUFFIX(t_uh, S_h, M_uh, D, K, R, normalize, group);                       \
+        }                                                                                         \
+    }                                                                                             \
+}                                                                                                 \
+                                                                                                  \
+/* the backward of one block of n <= BLOCK seed dimensions first..first+n-1 of head h, starting at d0 */ \
+static inline __attribute__((always_inline)) void backward_block_##SUFFIX(const T *t, const T *S,          \
+        const T *G, T *grad_t, T *grad_S, int64_t U, int64_t H, int64_t D, int64_t K, int64_t R,  \
+        int normalize, int64_t h, int64_t d0, int64_t n) {                                        \
+    T w0[BLOCK], w1[BLOCK], w2[BLOCK], dw0[BLOCK], dw1[BLOCK], dw2[BLOCK]; int64_t j[BLOCK];        \
+    int64_t first = h * D + d0;                                                                   \
+    for (int64_t u = 0; u < U; u++) {                                                             \
+        const T *g = G + (u * H + h) * R;                                                         \
+        weights_##SUFFIX(t + (u * H + h) * D + d0, n, K, normalize, j, w0, w1, w2, dw0, dw1, dw2); \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            const T *s0 = S + ((first + i) * (K + 2) + j[i]) * R, *s1 = s0 + R, *s2 = s1 + R;      \
+            T *gs0 = grad_S + ((first + i) * (K + 2) + j[i]) * R, *gs1 = gs0 + R, *gs2 = gs1 + R;  \
+            T a = w0[i], b = w1[i], c = w2[i], da = dw0[i], db = dw1[i], dc = dw2[i], gt = 0;     \
+            _Pragma("omp simd reduction(+:gt)")                                                   \
+            for (int64_t r = 0; r < R; r++) {                                                     \
+                T grad_phi = g[r] / (a * s0[r] + b * s1[r] + c * s2[r]);                          \
+                gs0[r] += a * grad_phi;                                                           \
+                gs1[r] += b * grad_phi;                                                           \
+                gs2[r] += c * grad_phi;                                                           \
+                gt += grad_phi * (da * s0[r] + db * s1[r] + dc * s2[r]);                          \
             }                                                                                     \
-            int any_bad = 0, any_extreme = 0;                                                     \
-            _Pragma("omp simd reduction(|:any_bad, any_extreme)")                                 \
-            for (int64_t r = 0; r < R; r++) {  /* M = mant 2^expo: expo into mant's exponent field */ \
-                UINT bits; memcpy(&bits, &mant[r], sizeof bits);                                  \
-                int64_t field = expo[r] + BIAS;                                                   \
-                any_bad |= bad[r];                                                                \
-                any_extreme |= (field < 1) | (field > EXP_MAX - 1);                               \
-                bits = (bits & ~((UINT)EXP_MAX << MANT_BITS)) | ((UINT)(field & EXP_MAX) << MANT_BITS); \
-                memcpy(&M_uh[r], &bits, sizeof bits);                                             \
-            }                                                                                     \
-            if (any_extreme)  /* beyond T's normal range: ldexp rounds to a subnormal, 0 or inf */ \
-                for (int64_t r = 0; r < R; r++)                                                   \
-                    M_uh[r] = ldexp(mant[r], (int)(expo[r] > 100000 ? 100000 : expo[r] < -100000 ? -100000 : expo[r])); \
-            if (any_bad) mode_by_logs_##SUFFIX(t_uh, S_h, M_uh, D, K, R, normalize);               \
+            grad_t[(u * H + h) * D + d0 + i] = gt;                                                \
         }                                                                                         \
     }                                                                                             \
 }                                                                                                 \
@@ -129,27 +163,10 @@ void lev_backward_##SUFFIX(const T *t, const T *S, const T *G, T *grad_t, T *gra
     int64_t per_head = (D + BLOCK - 1) / BLOCK;                                                   \
     _Pragma("omp parallel for schedule(static)")                                                  \
     for (int64_t block = 0; block < H * per_head; block++) {                                      \
-        T w0[BLOCK], w1[BLOCK], w2[BLOCK], dw0[BLOCK], dw1[BLOCK], dw2[BLOCK]; int64_t j[BLOCK];    \
         int64_t h = block / per_head, d0 = block % per_head * BLOCK;                              \
-        int64_t n = D - d0 < BLOCK ? D - d0 : BLOCK, first = h * D + d0;                          \
-        for (int64_t u = 0; u < U; u++) {                                                         \
-            const T *g = G + (u * H + h) * R;                                                     \
-            weights_##SUFFIX(t + (u * H + h) * D + d0, n, K, normalize, j, w0, w1, w2, dw0, dw1, dw2); \
-            for (int64_t i = 0; i < n; i++) {                                                     \
-                const T *s0 = S + ((first + i) * (K + 2) + j[i]) * R, *s1 = s0 + R, *s2 = s1 + R;  \
-                T *gs0 = grad_S + ((first + i) * (K + 2) + j[i]) * R, *gs1 = gs0 + R, *gs2 = gs1 + R; \
-                T a = w0[i], b = w1[i], c = w2[i], da = dw0[i], db = dw1[i], dc = dw2[i], gt = 0; \
-                _Pragma("omp simd reduction(+:gt)")                                               \
-                for (int64_t r = 0; r < R; r++) {                                                 \
-                    T grad_phi = g[r] / (a * s0[r] + b * s1[r] + c * s2[r]);                      \
-                    gs0[r] += a * grad_phi;                                                       \
-                    gs1[r] += b * grad_phi;                                                       \
-                    gs2[r] += c * grad_phi;                                                       \
-                    gt += grad_phi * (da * s0[r] + db * s1[r] + dc * s2[r]);                      \
-                }                                                                                 \
-                grad_t[(u * H + h) * D + d0 + i] = gt;                                            \
-            }                                                                                     \
-        }                                                                                         \
+        int64_t n = D - d0 < BLOCK ? D - d0 : BLOCK;                                              \
+        if (R == 64) backward_block_##SUFFIX(t, S, G, grad_t, grad_S, U, H, D, K, 64, normalize, h, d0, n); \
+        else backward_block_##SUFFIX(t, S, G, grad_t, grad_S, U, H, D, K, R, normalize, h, d0, n); \
     }                                                                                             \
 }
 
