@@ -68,12 +68,12 @@ def lev_config(vocab_size=V, n_embd=12, **lev):
     return Config(vocab_size=vocab_size, n_embd=n_embd, n_head=1, **lev)
 
 
-def tiny_lev(seed=0, dtype=torch.float64, d_seed=16, chunk=5, vocab_size=V, normalize=True, kernels="c"):
+def tiny_lev(seed=0, dtype=torch.float64, d_seed=16, chunk=5, vocab_size=V, normalize=True, kernels="c", rank=4):
     """A small LEV in float64 (so fast path and reference agree to ~1e-15). kernels: "c" (lev_kernels.c; the
     test is skipped without a C compiler) or "torch" (torch's kernels, with a chunk smaller than most batches so
     that chunking is exercised by default)."""
     torch.manual_seed(seed)
-    lev = LEV(lev_config(vocab_size, lev_digits=3, lev_seed_dim=d_seed, lev_heads=2, lev_knots=8, lev_rank=4,
+    lev = LEV(lev_config(vocab_size, lev_digits=3, lev_seed_dim=d_seed, lev_heads=2, lev_knots=8, lev_rank=rank,
                          lev_normalize_basis=normalize))
     lev.chunk = chunk
     use_kernels(lev, kernels)
@@ -464,6 +464,17 @@ def test_lev_fast_path_equals_reference(d_seed, chunk, normalize, kernels):
     reference = values_and_grads(lev, lev.reference, idx, weight)
     assert fast[0].shape == (4, 20, 12)
     assert_same_values_and_grads(fast, reference, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_lev_c_kernels_at_the_papers_rank_equal_reference(normalize):
+    """r = 64, the paper's rank, which the C kernels run as a compile-time constant (other ranks as they come)."""
+    lev = tiny_lev(d_seed=16, normalize=normalize, kernels="c", rank=64)
+    idx = random_ids(2, 9, seed=1)
+    weight = torch.randn(*idx.shape, lev.n_embd, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert lev.kernels(torch.rand(1, 2, 16, dtype=torch.float64)) == "c"
+    assert_same_values_and_grads(values_and_grads(lev, lev, idx, weight),
+                                 values_and_grads(lev, lev.reference, idx, weight), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype, big", [(torch.float32, 1e6), (torch.float64, 1e40)])
