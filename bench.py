@@ -7,11 +7,12 @@ Measure speed and memory of the three arms, of LEV alone, and of generation.
 Three tables:
   1. training step (forward + backward + clip + AdamW step) per arm: ms/step, tokens/s, model FLOPs per token
      and the GFLOP/s achieved (see model_flops_per_token: comparable with any implementation counted the same
-     way), peak memory, ratio to tied. The arms are timed in the same process, interleaved step by step, so
-     machine noise hits all alike.
+     way), peak memory, ratio to tied. The arms are timed in the same process, interleaved step by step in
+     rounds whose order rotates, and the ratio to tied is the median over rounds of the arm's step over tied's
+     in the same round: machine noise hits both sides of a ratio alike.
   2. LEV alone against nn.Embedding for N ids, forward + backward: the plain recipe (LEV.reference), the fast
-     path with its kernels compiled (what training uses) and eager, and the one-off cost of materialising the
-     whole V x n_embd table.
+     path with its C kernels (CPU: what training uses there), its torch kernels compiled and eager, and the
+     one-off cost of materialising the whole V x n_embd table.
   3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV cache, for lev
      with and without its per-id embedding cache, and with the one-token steps compiled (sample.py --compile;
      --no-gen_compile skips it). The variants of an arm take turns, --gen_rounds times; the best round counts.
@@ -265,10 +266,12 @@ def train_table(args, results):
     gen = torch.Generator().manual_seed(args.seed)
     times = {key: [] for key in variants}
     distinct = []
+    keys = list(steppers)
     for i in range(args.warmup + args.steps):
         x, y = get_batch(gen)  # every arm gets the same batch
         distinct.append(len(torch.unique(x)))
-        for arm, (model, opt) in steppers.items():
+        for arm in keys[i % len(keys):] + keys[:i % len(keys)]:  # a round: each arm once, the order rotating
+            model, opt = steppers[arm]
             t = timed(args.device, train_step, model, opt, x, y, args)
             if i >= args.warmup:
                 times[arm].append(t)
@@ -281,7 +284,10 @@ def train_table(args, results):
     for key, (arm, head) in variants.items():
         ms = statistics.median(times[key]) * 1000
         tied = "tied" if head == "lean" else "tied (full head)"
-        ratio = ms / (statistics.median(times[tied]) * 1000) if tied in times else float("nan")
+        # paired: the median over rounds of this arm's step over tied's in the same round, so that a slow spell
+        # of the machine, which lasts seconds, slows both sides of a ratio alike
+        ratio = (statistics.median(a / b for a, b in zip(times[key], times[tied], strict=True)) if tied in times
+                 else float("nan"))
         mem = peak_memory_mib(arm, head, args)
         rep = models[key][0].param_report()
         flops = model_flops_per_token(models[key][0], statistics.median(distinct) / tokens)
