@@ -2,18 +2,19 @@
 
    The same function as SplineProduct's torch kernels (log_mode_chunk, log_mode_chunk_backward), with the loop
    order a CPU wants, which torch.compile cannot express:
-     - forward: the product over the d_seed factors is kept as a mantissa in [1, 2) and a binary exponent,
-       renormalised every 8 factors by reading the float's bits, so a mode costs no log and no exp at all (the
-       torch kernel takes a log every 8 factors and an exp per output); a product that leaves the
-       normal range (0, subnormal, inf, NaN) sends its mode through the per-factor log path instead (groups of
-       gcd(d_seed, 8) factors, as the torch kernel's);
-     - backward: each seed dimension (h, d) owns its slice of dL/dS, so the 3 non-zero knots of each id are
-       accumulated in place, in registers and L1, without a dense 18-knot basis (the torch kernel's batched
-       matmul does 6x the multiplications) and without atomics.
-   Built by leviathan.py on first use with the system's C compiler, with OpenMP where it has it: the library
-   then shares torch's OpenMP runtime (the libgomp torch loaded) and so its threads and their number
-   (torch.set_num_threads). Shapes, all contiguous:
-     t (U, H, D) unit coordinates; S (H*D, K+2, R) spline coefficients with a zero knot at each end;
+     - forward: each mode's product over the d_seed factors is kept as a mantissa in [1, 2) and a binary
+       exponent, renormalised every gcd(d_seed, 8) factors (where the torch kernel takes a log) by reading the
+       float's bits, so a mode costs no log and no exp at all; a mode whose running product leaves the normal
+       range (0, subnormal, inf, NaN) is redone with one log per factor, and one beyond the normal range at the
+       end goes through ldexp (which rounds it to a subnormal, 0 or inf, as exp does in the torch kernel);
+     - backward: blocks of up to 64 seed dimensions of one head, each block on one thread, so that dL/dS
+       accumulates the 3 non-zero knots of each id in place, without a dense 18-knot basis (the torch kernel's
+       batched matmul does 6x the multiplications) and without atomics. (h = 1 with d_seed <= 64 is one block,
+       so one thread.)
+   Built by leviathan.py on first use with the system's C compiler, with OpenMP where it has it; the caller
+   passes the number of threads (torch.get_num_threads()). Where torch's own OpenMP runtime is libgomp.so.1 (the
+   PyPI wheels on Linux), the library shares it, and so its threads. Shapes, all contiguous, one dtype:
+     t (U, H, D) unit coordinates in [0, 1]; S (H*D, K+2, R) spline coefficients with a zero knot at each end;
      M (U, H, R) modes; G (U, H, R) = dL/dM * M; grad_t (U, H, D); grad_S (H*D, K+2, R), zeroed by the caller. */
 
 #include <math.h>
@@ -31,7 +32,7 @@ static void weights_##SUFFIX(const T *restrict t, int64_t n, int64_t K, int norm
     _Pragma("omp simd")                                                                           \
     for (int64_t i = 0; i < n; i++) {                                                             \
         T s = t[i] * last, jf = rint(s), f = s - jf;                                              \
-        jf = jf < 0 ? 0 : jf > last ? last : jf;  /* t is in [0, 1]; a t outside reads no memory outside */ \
+        jf = jf > 0 ? (jf < last ? jf : last) : 0;  /* t in [0, 1]; outside, NaN too, no read outside S */ \
         T a = (T)0.5 * ((T)0.5 - f) * ((T)0.5 - f), b = (T)0.75 - f * f, c = (T)0.5 * ((T)0.5 + f) * ((T)0.5 + f); \
         T da = (f - (T)0.5) * last, db = (T)-2.0 * f * last, dc = ((T)0.5 + f) * last;            \
         if (normalize) {                                                                          \
@@ -114,12 +115,12 @@ static inline __attribute__((always_inline)) void mode_##SUFFIX(const T *t_uh, c
                                                                                                   \
 /* M[u, h, :] = prod_d phi[u, h, d, :] for all U ids; threads split the ids */                      \
 void lev_forward_##SUFFIX(const T *t, const T *S, T *M, int64_t U, int64_t H, int64_t D, int64_t K, \
-                          int64_t R, int normalize) {                                             \
+                          int64_t R, int normalize, int threads) {                                \
     /* renormalise every gcd(D, 8) factors, where the torch kernel takes its logs */               \
     int64_t group = D % 8 == 0 ? 8 : D % 4 == 0 ? 4 : D % 2 == 0 ? 2 : 1;                         \
     for (int64_t h = 0; h < H; h++) {  /* heads outside: one head's S (D x (K+2) x R) stays in L2 */ \
         const T *S_h = S + h * D * (K + 2) * R;                                                   \
-        _Pragma("omp parallel for schedule(static)")                                              \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                         \
         for (int64_t u = 0; u < U; u++) {                                                         \
             const T *t_uh = t + (u * H + h) * D;                                                  \
             T *M_uh = M + (u * H + h) * R;                                                        \
@@ -159,9 +160,9 @@ static inline __attribute__((always_inline)) void backward_block_##SUFFIX(const 
    dL/dphi = G / phi;  dL/dt = sum_r dL/dphi * sum_m dw_m s_m;  dL/dS[knot j-1+m] += w_m dL/dphi.     \
    Threads split the blocks, and each block's dL/dS belongs to one thread: no two write the same place. */ \
 void lev_backward_##SUFFIX(const T *t, const T *S, const T *G, T *grad_t, T *grad_S, int64_t U,  \
-                           int64_t H, int64_t D, int64_t K, int64_t R, int normalize) {           \
+                           int64_t H, int64_t D, int64_t K, int64_t R, int normalize, int threads) { \
     int64_t per_head = (D + BLOCK - 1) / BLOCK;                                                   \
-    _Pragma("omp parallel for schedule(static)")                                                  \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                             \
     for (int64_t block = 0; block < H * per_head; block++) {                                      \
         int64_t h = block / per_head, d0 = block % per_head * BLOCK;                              \
         int64_t n = D - d0 < BLOCK ? D - d0 : BLOCK;                                              \

@@ -27,6 +27,7 @@ import hashlib
 import math
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -243,7 +244,8 @@ class LEV(nn.Module):
         """Which kernels SplineProduct runs for coordinates t (section 4): "c" (lev_kernels.c: CPU, fp32 or fp64,
         where a C compiler built it), else torch's, "compiled" in training (which runs them every step) and
         "eager" otherwise (inference meets each id once)."""
-        if self.c_kernels and t.device.type == "cpu" and t.dtype in C_TYPES and c_library() is not None:
+        if (self.c_kernels and t.device.type == "cpu" and t.dtype in C_TYPES and self.spline.dtype == t.dtype
+                and c_library() is not None):
             return "c"
         return "compiled" if self.compile_kernels and torch.is_grad_enabled() else "eager"
 
@@ -500,7 +502,8 @@ class GPT(nn.Module):
         # built once per call, the weights cannot change during it: the head laid out for one token at a time,
         # and the one-token steps' fast path (section 6; it has no dropout: not in training mode with dropout)
         head = DecodeHead(self.lm_head.weight)
-        decoder = Decoder(self, head) if use_cache and not (self.training and self.config.dropout > 0) else None
+        decoder = (Decoder(self, head) if use_cache and self.decode_step is None
+                   and not (self.training and self.config.dropout > 0) else None)
         cache, fed = None, 0  # with the KV cache: how many tokens of the window it holds
         for _ in range(max_new_tokens):
             if idx.shape[1] - start > block:
@@ -512,12 +515,12 @@ class GPT(nn.Module):
                 if cache is None:
                     cache, fed = DecodeCache(KVCache(self.config.n_layer, block), embeddings, head), start
                 new = idx[:, fed:]  # the window's first tokens after a jump, then one token per step
-                if new.shape[1] > 1 or decoder is None:
-                    logits, _ = self(new, cache=cache)
-                elif self.decode_step is not None:  # compiled; the head runs outside the graph (DecodeHead)
+                if new.shape[1] == 1 and self.decode_step is not None:  # compiled; the head outside the graph
                     logits = cache.head(self.decode_step(new, cache=cache)[:, -1]).unsqueeze(1)
-                else:
+                elif new.shape[1] == 1 and decoder is not None:
                     logits = decoder.step(new, cache)
+                else:
+                    logits, _ = self(new, cache=cache)
                 fed = idx.shape[1]
             next_id = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p)
             idx = torch.cat([idx, next_id], dim=1)
@@ -701,21 +704,21 @@ def c_library():
     if "library" not in _c_state:
         try:
             _c_state["library"] = load_c_library(build_c_library())
-        except (OSError, subprocess.SubprocessError) as error:
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:  # RuntimeError: no home directory
             _c_state["library"] = None
             detail = ((getattr(error, "stderr", None) or str(error)).strip().splitlines() or [""])[0][:200]
             warnings.warn(f"LEV: could not build its C kernels ({type(error).__name__}: {detail}); torch's kernels "
-                          f"run instead, ~3x slower on CPU. Install a C compiler (or set CC), or pass "
-                          f"--lev_c_kernels=False to skip the attempt.", stacklevel=2)
+                          f"run instead, ~3x slower on CPU. Install a C compiler (or set CC), or turn the C "
+                          f"kernels off (train.py --lev_c_kernels=False) to skip the attempt.", stacklevel=2)
     return _c_state["library"]
 
 
 def build_c_library():
     """Compile C_SOURCE, with OpenMP if the compiler has it, unless this machine's build is cached -> the path of
     the shared library."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
+    compiler = shlex.split(os.environ.get("CC") or shutil.which("cc") or "gcc")  # CC may be "ccache gcc"
     source = C_SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(C_FLAGS).encode(), compiler.encode(),
+    key = hashlib.sha256(b"\0".join([source, " ".join(C_FLAGS).encode(), " ".join(compiler).encode(),
                                      platform.node().encode(), platform.machine().encode()])).hexdigest()[:16]
     cache = Path(os.environ.get("LEVIATHAN_CACHE") or Path.home() / ".cache" / "leviathan")
     library = cache / f"lev_kernels-{key}.so"
@@ -724,7 +727,7 @@ def build_c_library():
         with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a file
             built = Path(tmp) / library.name
             for openmp in (["-fopenmp"], []):
-                command = [compiler, *C_FLAGS, *openmp, str(C_SOURCE), "-o", str(built), "-lm"]
+                command = [*compiler, *C_FLAGS, *openmp, str(C_SOURCE), "-o", str(built), "-lm"]
                 result = subprocess.run(command, capture_output=True, text=True, timeout=300)
                 if result.returncode == 0:
                     break
@@ -738,30 +741,46 @@ def load_c_library(path):
     library = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for name in C_TYPES.values():
-        getattr(library, f"lev_forward_{name}").argtypes = [ptr] * 3 + [i64] * 5 + [ctypes.c_int]
-        getattr(library, f"lev_backward_{name}").argtypes = [ptr] * 5 + [i64] * 5 + [ctypes.c_int]
+        getattr(library, f"lev_forward_{name}").argtypes = [ptr] * 3 + [i64] * 5 + [ctypes.c_int] * 2
+        getattr(library, f"lev_backward_{name}").argtypes = [ptr] * 5 + [i64] * 5 + [ctypes.c_int] * 2
     return library
 
 
 def c_spline_product(t, S_padded, normalize):
     """SplineProduct's forward in C: t (U, h, d), S_padded (h*d, kappa + 2, r) -> M (U, h, r)."""
     (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
+    check_c_operands(t, S_padded)
     t, S_padded = t.contiguous(), S_padded.contiguous()
     M = t.new_empty(U, h, r)
     forward = getattr(c_library(), f"lev_forward_{C_TYPES[t.dtype]}")
-    forward(t.data_ptr(), S_padded.data_ptr(), M.data_ptr(), U, h, d, n_padded - 2, r, normalize)
+    forward(t.data_ptr(), S_padded.data_ptr(), M.data_ptr(), U, h, d, n_padded - 2, r, normalize,
+            torch.get_num_threads())
     return M
 
 
 def c_spline_product_backward(t, S_padded, G, normalize):
     """SplineProduct's backward in C, from G = dL/dM * M (U, h, r) -> dL/dt (U, h, d), dL/dS_padded."""
     (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
+    check_c_operands(t, S_padded, G)
     t, S_padded, G = t.contiguous(), S_padded.contiguous(), G.contiguous()
     grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
     backward = getattr(c_library(), f"lev_backward_{C_TYPES[t.dtype]}")
     backward(t.data_ptr(), S_padded.data_ptr(), G.data_ptr(), grad_t.data_ptr(), grad_S.data_ptr(), U, h, d,
-             n_padded - 2, r, normalize)
+             n_padded - 2, r, normalize, torch.get_num_threads())
     return grad_t, grad_S
+
+
+def check_c_operands(t, S_padded, *others):
+    """The C kernels read raw memory: every operand on the CPU, in t's dtype (fp32 or fp64), t finite (a NaN
+    knot index would read anywhere; SplineProduct checks that before), and the shapes of section 4."""
+    h, d = t.shape[1:]
+    ok = (t.dtype in C_TYPES and all(x.device.type == "cpu" and x.dtype == t.dtype for x in (t, S_padded, *others))
+          and S_padded.dim() == 3 and S_padded.shape[0] == h * d and S_padded.shape[1] >= 3
+          and all(x.shape == (len(t), h, S_padded.shape[2]) for x in others))
+    if not ok:
+        raise ValueError(f"LEV's C kernels: operands of shapes {[tuple(x.shape) for x in (t, S_padded, *others)]}, "
+                         f"dtypes {[x.dtype for x in (t, S_padded, *others)]}; expected (U, h, d), (h*d, kappa+2, "
+                         f"r) and (U, h, r), all fp32 or all fp64 on the CPU")
 
 
 def torch_spline_product(t, S_padded, chunk, compile, normalize):
@@ -798,8 +817,8 @@ class SplineProduct(torch.autograd.Function):
     lev_kernels.c, which never holds phi; "compiled" and "eager" run torch's kernels (log_mode_chunk and
     log_mode_chunk_backward, through torch.compile or not) on `chunk` ids at a time, so that phi stays small.
     Only 3 knots of each basis are non-zero, and S is padded with a zero knot at each end so that knots j-1 and
-    j+1 always exist. The h*d seed dimensions come first inside the kernels, (h*d, u, r): each has its own S, so
-    they are the batch axis of the gather and of the matmul for dL/dS.
+    j+1 always exist. Inside the torch kernels the h*d seed dimensions come first, (h*d, u, r): each has its own
+    S, so they are the batch axis of the gather and of the matmul for dL/dS.
     """
 
     @staticmethod
@@ -1168,11 +1187,20 @@ class Decoder:
             qk = qk * cos + qk.roll(self.head_size // 2, dims=-1) * sin  # (B, 2, nh, hs)
             k, v = kv.update(layer, qk[:, 1].unsqueeze(2), qkv[:, 2].unsqueeze(2))  # (B, nh, pos + 1, hs)
             y = F.scaled_dot_product_attention(qk[:, 0].unsqueeze(2), k, v)  # (B, nh, 1, hs)
-            x = torch.addmm(x, y.view(B, -1), w["proj"])  # x + proj(y)
+            x = add_matmul(x, y.view(B, -1), w["proj"])  # x + proj(y)
             h = rms_norm(x, w["mlp_norm"])
-            x = torch.addmm(x, F.silu(h @ w["gate"]) * (h @ w["up"]), w["down"])  # x + down(silu(gate) * up)
+            x = add_matmul(x, F.silu(h @ w["gate"]) * (h @ w["up"]), w["down"])  # x + down(silu(gate) * up)
         kv.pos += 1
         return self.head(rms_norm(x, model.norm)).view(B, 1, -1)
+
+
+def add_matmul(x, y, w):
+    """x + y @ w, the residual stream plus a projection, as one addmm where that is the same arithmetic. Under
+    autocast addmm would return bf16/fp16 and the residual stream would lose forward's fp32 (where
+    x + proj(y) promotes back), so there it is a matmul and an add, as in forward."""
+    if torch.is_autocast_enabled(x.device.type):
+        return x + y @ w
+    return torch.addmm(x, y, w)
 
 
 def rms_norm(x, norm):

@@ -302,6 +302,22 @@ def test_decoder_step_equals_forward_with_cache(arm):
 
 
 @arms
+def test_decoder_under_autocast_keeps_forwards_fp32_residual_stream(arm):
+    """Under bf16 autocast (sample.py on a GPU) the Decoder computes what forward computes there: the residual
+    stream stays fp32 (an addmm would return bf16 and drift, ~2e-3 on logits of ~0.6)."""
+    model = tiny_model(arm).eval()
+    idx = random_ids(2, BLOCK, seed=4)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        decoder = Decoder(model, DecodeHead(model.lm_head.weight))
+        plain = DecodeCache(KVCache(model.config.n_layer, BLOCK), None)
+        fast = DecodeCache(KVCache(model.config.n_layer, BLOCK), None, decoder.head)
+        for t in range(BLOCK):
+            expected, _ = model(idx[:, t:t + 1], cache=plain)
+            got = decoder.step(idx[:, t:t + 1], fast)
+            torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=1e-6)
+
+
+@arms
 @pytest.mark.parametrize("threads", [1, 3])
 def test_decode_head_gives_the_heads_logits(arm, threads):
     """Generation's head (DecodeHead: a (n_embd, V) copy on CPU, in column blocks with several threads; V = 61 is
@@ -711,6 +727,22 @@ def test_c_kernels_give_the_same_numbers_on_any_number_of_threads(dtype):
         torch.set_num_threads(threads)
     for one, three in zip(*results, strict=True):
         assert torch.equal(one, three)
+
+
+def test_c_kernels_refuse_operands_they_would_misread():
+    """The C kernels read raw memory: mixed dtypes or wrong shapes raise a ValueError instead; and LEV does not
+    pick them when its spline is in another dtype than the coordinates."""
+    t = torch.rand(3, 2, 4)
+    S_padded = torch.rand(8, 6, 5)
+    with pytest.raises(ValueError, match="LEV's C kernels"):
+        leviathan.c_spline_product(t, S_padded.double(), True)
+    with pytest.raises(ValueError, match="LEV's C kernels"):
+        leviathan.c_spline_product(t, torch.rand(7, 6, 5), True)  # h*d = 8 rows expected
+    with pytest.raises(ValueError, match="LEV's C kernels"):
+        leviathan.c_spline_product_backward(t, S_padded, torch.rand(3, 2, 4), True)  # G: (U, h, r) = (3, 2, 5)
+    lev = tiny_lev(dtype=torch.float32, kernels="c")
+    assert lev.kernels(torch.rand(1, 2, 16)) == "c"
+    assert lev.kernels(torch.rand(1, 2, 16, dtype=torch.float64)) != "c"
 
 
 @pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])  # missing, or failing (exit status 1)
