@@ -410,9 +410,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         x = self.hidden(idx, cache)  # (B, T, n_embd)
         if targets is None:
-            if cache is not None and cache.head is not None:
-                return cache.head(x[:, -1]).unsqueeze(1), None  # (B, 1, V)
-            return self.lm_head(x[:, [-1], :]), None  # (B, 1, V)
+            return self.last_logits(x, cache), None
         if reduction not in ("mean", "none"):
             raise ValueError(f"reduction={reduction!r}; choose mean or none")
         if self.lean_head:
@@ -438,6 +436,13 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.pos += T
         return self.norm(x)
+
+    def last_logits(self, x, cache=None):
+        """Hidden states x: (B, T, n_embd) -> the logits of the last position, (B, 1, V), through the generation
+        call's DecodeHead where the cache has one."""
+        if cache is not None and cache.head is not None:
+            return cache.head(x[:, -1]).unsqueeze(1)
+        return self.lm_head(x[:, [-1], :])
 
     def embed(self, idx, cache=None):
         """idx: (B, T) token ids, checked -> input embeddings (B, T, n_embd); cache: a DecodeCache, whose
@@ -516,7 +521,7 @@ class GPT(nn.Module):
                     cache, fed = DecodeCache(KVCache(self.config.n_layer, block), embeddings, head), start
                 new = idx[:, fed:]  # the window's first tokens after a jump, then one token per step
                 if new.shape[1] == 1 and self.decode_step is not None:  # compiled; the head outside the graph
-                    logits = cache.head(self.decode_step(new, cache=cache)[:, -1]).unsqueeze(1)
+                    logits = self.last_logits(self.decode_step(new, cache=cache), cache)
                 elif new.shape[1] == 1 and decoder is not None:
                     logits = decoder.step(new, cache)
                 else:
@@ -771,8 +776,9 @@ def c_spline_product_backward(t, S_padded, G, normalize):
 
 
 def check_c_operands(t, S_padded, *others):
-    """The C kernels read raw memory: every operand on the CPU, in t's dtype (fp32 or fp64), t finite (a NaN
-    knot index would read anywhere; SplineProduct checks that before), and the shapes of section 4."""
+    """The C kernels read raw memory: every operand on the CPU, in t's dtype (fp32 or fp64), in the shapes of
+    section 4. (A t outside [0, 1], NaN included, reads nothing outside S: the kernels clamp its knot index;
+    SplineProduct gives non-finite t NaN modes before calling them.)"""
     h, d = t.shape[1:]
     ok = (t.dtype in C_TYPES and all(x.device.type == "cpu" and x.dtype == t.dtype for x in (t, S_padded, *others))
           and S_padded.dim() == 3 and S_padded.shape[0] == h * d and S_padded.shape[1] >= 3
@@ -1130,10 +1136,8 @@ class DecodeHead:
         weight = weight.detach()
         self.vocab_size, n_embd = weight.shape
         threads = torch.get_num_threads() if weight.device.type == "cpu" else 1
-        if weight.device.type != "cpu":
-            self.weight_T, self.blocks = weight.T, None
-        elif threads == 1:
-            self.weight_T, self.blocks = weight.T.contiguous(), None
+        if threads == 1:
+            self.weight_T, self.blocks = right_operand(weight), None
         else:
             width = -(-self.vocab_size // threads)  # columns per block; the last one padded with zeros
             padded = F.pad(weight, (0, 0, 0, threads * width - self.vocab_size))  # (threads * width, n_embd)
@@ -1152,22 +1156,18 @@ class Decoder:
     same function (tests/test_leviathan.py, float64), built per generation call from the model's weights.
 
     Per block: rms_norm; qkv matmul; rotation of queries and keys (apply_rotary's products and sums, with tables
-    the width of a head); the new key and value into the cache;
-    attention; output projection and residual as one addmm; rms_norm; gate and up matmuls; silu; product; down
-    projection and residual as one addmm. No dropout: GPT.stream uses it only where dropout is off."""
+    the width of a head); the new key and value into the cache; attention; output projection and residual as one
+    addmm (add_matmul); rms_norm; gate and up matmuls; silu; product; down projection and residual as one addmm.
+    No dropout: GPT.stream uses it only where dropout is off."""
 
     def __init__(self, model, head=None):
         c = model.config
         self.model, self.n_head, self.head_size = model, c.n_head, c.n_embd // c.n_head
-        on_cpu = model.lm_head.weight.device.type == "cpu"
-
-        def right_operand(linear):  # (out, in) weight -> (in, out), contiguous on CPU (DecodeHead says why)
-            w = linear.weight.detach().T
-            return w.contiguous() if on_cpu else w
-
-        self.blocks = [dict(attn_norm=b.attn_norm, qkv=right_operand(b.attn.qkv), proj=right_operand(b.attn.proj),
-                            mlp_norm=b.mlp_norm, gate=right_operand(b.mlp.gate), up=right_operand(b.mlp.up),
-                            down=right_operand(b.mlp.down)) for b in model.blocks]
+        # the norms' forward, called without the module call's overhead (~1 us, 9 times per token)
+        self.blocks = [dict(attn_norm=b.attn_norm.forward, qkv=right_operand(b.attn.qkv.weight),
+                            proj=right_operand(b.attn.proj.weight), mlp_norm=b.mlp_norm.forward,
+                            gate=right_operand(b.mlp.gate.weight), up=right_operand(b.mlp.up.weight),
+                            down=right_operand(b.mlp.down.weight)) for b in model.blocks]
         self.head = head if head is not None else DecodeHead(model.lm_head.weight)
         # rotary tables the width of a head: x * [cos, cos] + roll(x, hs/2) * [-sin, sin] rotates as apply_rotary
         cos, sin = model.rope_cos.flatten(1), model.rope_sin.flatten(1)  # (block_size, hs/2)
@@ -1182,16 +1182,16 @@ class Decoder:
         x = model.embed(idx, cache).view(B, -1)  # (B, C)
         cos, sin = self.cos[pos], self.sin[pos]  # (hs,)
         for layer, w in enumerate(self.blocks):
-            qkv = (rms_norm(x, w["attn_norm"]) @ w["qkv"]).view(B, 3, self.n_head, self.head_size)
+            qkv = (w["attn_norm"](x) @ w["qkv"]).view(B, 3, self.n_head, self.head_size)
             qk = qkv[:, :2]  # queries and keys, rotated as in apply_rotary: x1 cos - x2 sin | x2 cos + x1 sin
             qk = qk * cos + qk.roll(self.head_size // 2, dims=-1) * sin  # (B, 2, nh, hs)
             k, v = kv.update(layer, qk[:, 1].unsqueeze(2), qkv[:, 2].unsqueeze(2))  # (B, nh, pos + 1, hs)
             y = F.scaled_dot_product_attention(qk[:, 0].unsqueeze(2), k, v)  # (B, nh, 1, hs)
             x = add_matmul(x, y.view(B, -1), w["proj"])  # x + proj(y)
-            h = rms_norm(x, w["mlp_norm"])
+            h = w["mlp_norm"](x)
             x = add_matmul(x, F.silu(h @ w["gate"]) * (h @ w["up"]), w["down"])  # x + down(silu(gate) * up)
         kv.pos += 1
-        return self.head(rms_norm(x, model.norm)).view(B, 1, -1)
+        return self.head(model.norm.forward(x)).view(B, 1, -1)
 
 
 def add_matmul(x, y, w):
@@ -1203,16 +1203,18 @@ def add_matmul(x, y, w):
     return torch.addmm(x, y, w)
 
 
-def rms_norm(x, norm):
-    """An RMSNorm module's function, called without the module call's overhead (~1 us, 9 times per token)."""
-    return F.rms_norm(x, x.shape[-1:], norm.weight, norm.eps)
+def right_operand(weight):
+    """A (out, in) weight -> (in, out), for x @ W_T: a contiguous copy on CPU (DecodeHead says why), the transposed
+    view elsewhere."""
+    weight = weight.detach().T
+    return weight.contiguous() if weight.device.type == "cpu" else weight
 
 
 def set_runtime(model, lev_chunk=None, lev_compile=None, lean_head=None, compile_decode=None, lev_c_kernels=None):
     """Set a model's run settings, the ones that change speed and memory but not results, kept out of Config and
-    checkpoints: LEV's ids per chunk and whether training compiles its kernels (no-op for the table arms),
-    whether forward computes the loss with the memory-lean head, and whether generation runs its one-token steps
-    through torch.compile (compile_decode).
+    checkpoints: whether LEV runs its C kernels on CPU, its torch kernels' ids per chunk and whether training
+    compiles those (no-ops for the table arms), whether forward computes the loss with the memory-lean head, and
+    whether generation runs its one-token steps through torch.compile (compile_decode).
 
     compile_decode compiles GPT.hidden (all but the head) for single tokens only, in place of the Decoder: a
     window's first tokens (the prompt, or the half block after a jump) run eagerly, so the compiled graph meets one
