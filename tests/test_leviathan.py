@@ -83,10 +83,15 @@ def tiny_lev(seed=0, dtype=torch.float64, d_seed=16, chunk=5, vocab_size=V, norm
 KERNELS = pytest.mark.parametrize("kernels", ["c", "torch"])
 
 
+def skip_without_c_kernels():
+    if c_library() is None:
+        pytest.skip("no C compiler for lev_kernels.c")
+
+
 def use_kernels(lev, kernels):
     """Make LEV run its C kernels (skip the test where they cannot be built) or torch's."""
-    if kernels == "c" and c_library() is None:
-        pytest.skip("no C compiler for lev_kernels.c")
+    if kernels == "c":
+        skip_without_c_kernels()
     lev.c_kernels = kernels == "c"
 
 
@@ -542,8 +547,8 @@ def test_grouped_log_product_matches_per_factor_log(case, log10_first, d, kernel
     factors = (magnitude * (torch.randint(0, 2, magnitude.shape, generator=g) * 2 - 1)).float()  # (h, d, r)
     S = factors.unsqueeze(2).expand(h, d, n_knots, r).contiguous()
     t = 0.2 + 0.6 * torch.rand(U, h, d, generator=g)  # knots j-1, j, j+1 all within the 4
-    if kernels == "c" and c_library() is None:
-        pytest.skip("no C compiler for lev_kernels.c")
+    if kernels == "c":
+        skip_without_c_kernels()
     M = SplineProduct.apply(t, S, 2, kernels, False)  # (U, h, r)
     want_sign, want_log = signed_log_product(factors.double(), dim=1)  # (h, r)
     torch.testing.assert_close(M.double(), (want_sign * want_log.exp()).expand(U, h, r), rtol=1e-4, atol=0)
@@ -634,8 +639,8 @@ def test_spline_product_gradcheck(normalize, kernels):
     t[0, 0, :2] = torch.tensor([0.01, 0.995])  # at the ends, where normalising matters
     t.requires_grad_()
     S = (1 + 0.3 * torch.randn(2, 4, 6, 3, dtype=torch.float64, generator=g)).requires_grad_()
-    if kernels == "c" and c_library() is None:
-        pytest.skip("no C compiler for lev_kernels.c")
+    if kernels == "c":
+        skip_without_c_kernels()
     assert torch.autograd.gradcheck(lambda t, S: SplineProduct.apply(t, S, 2, kernels, normalize), (t, S))
 
 
@@ -675,8 +680,7 @@ def test_lev_of_an_empty_batch_is_empty():
 def test_c_kernels_are_built_once_per_source_into_the_cache(tmp_path, monkeypatch):
     """lev_kernels.c is compiled into LEVIATHAN_CACHE on first use, reused while the source is unchanged, and
     rebuilt under another name when it changes (the name hashes the source)."""
-    if c_library() is None:
-        pytest.skip("no C compiler for lev_kernels.c")
+    skip_without_c_kernels()
     monkeypatch.setenv("LEVIATHAN_CACHE", str(tmp_path / "cache"))
     first = leviathan.build_c_library()
     assert first.parent == tmp_path / "cache" and first.exists()
@@ -694,8 +698,7 @@ def test_c_kernels_are_built_once_per_source_into_the_cache(tmp_path, monkeypatc
 def test_c_kernels_modes_beyond_float32s_range_are_what_float32_makes_of_them(factor, want):
     """130 factors of 2 (or 1/2): every partial product is normal, the mode 2^130 (2^-130) is not: inf (a
     subnormal), as exp(log|M|) gives in the torch kernels. An even number of negative factors: positive."""
-    if c_library() is None:
-        pytest.skip("no C compiler for lev_kernels.c")
+    skip_without_c_kernels()
     h, d, n_knots, r = 1, 130, 4, 3
     S = torch.full((h, d, n_knots, r), factor)
     t = torch.full((2, h, d), 0.5)  # knots 1, 2, 3 of 0..3 all exist: weights sum to 1, so phi = factor
@@ -709,8 +712,7 @@ def test_c_kernels_give_the_same_numbers_on_any_number_of_threads(dtype):
     """The C kernels split ids (forward) or blocks of one head's seed dimensions (backward) among threads; each
     output is computed by one thread in one order, so 1 and 3 threads give the same bits (the kernels alone:
     torch's own matmuls around them may sum in another order on another number of threads)."""
-    if c_library() is None:
-        pytest.skip("no C compiler for lev_kernels.c")
+    skip_without_c_kernels()
     g = torch.Generator().manual_seed(0)
     U, h, d, n_knots, r = 37, 3, 80, 6, 5  # 3 heads x 80 dimensions: blocks of 64 and 16 per head
     t = torch.rand(U, h, d, generator=g).to(dtype)
