@@ -35,7 +35,7 @@ import torch
 
 import common
 from common import atomic_path, resolve_device
-from leviathan import EMBEDDINGS, GPT, LEV, Config, c_library, set_runtime
+from leviathan import EMBEDDINGS, GPT, LEV, Config, set_runtime
 from prepare_data import load_meta, load_split
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
@@ -245,11 +245,20 @@ def peak_memory_mib(arm, head, args):
     return peak
 
 
+KERNEL_NAMES = {"c": "C (lev_kernels.c)", "compiled": "torch, compiled", "eager": "torch, eager"}
+
+
+def kernels_in_training(lev, device):
+    """Which of its kernels a LEV with its run settings uses in training on device (LEV.kernels decides)."""
+    with torch.enable_grad():
+        return lev.kernels(torch.empty(0, 1, 1, device=device))
+
+
 def lev_kernels(args):
-    """Which of LEV's kernels table 1 runs (LEV.kernels decides the same way)."""
-    if args.lev_c_kernels and args.device == "cpu" and c_library() is not None:
-        return "C (lev_kernels.c)"
-    return "torch, compiled" if args.lev_compile else "torch, eager"
+    """What table 1's LEV runs, named: a tiny LEV with table 1's settings asks LEV.kernels."""
+    probe = LEV(Config(vocab_size=2, n_embd=8, n_head=1, lev_seed_dim=2, lev_heads=1, lev_knots=3, lev_rank=1))
+    probe.c_kernels, probe.compile_kernels = args.lev_c_kernels, args.lev_compile
+    return KERNEL_NAMES[kernels_in_training(probe, args.device)]
 
 
 def train_table(args, results):
@@ -320,7 +329,7 @@ def lev_table(args, results):
     lev.chunk = eager.chunk = args.lev_chunk
     lev.c_kernels = eager.c_kernels = False  # torch's kernels, compiled and eager
     eager.compile_kernels = False
-    with_c = args.device == "cpu" and c_library() is not None
+    with_c = kernels_in_training(c, args.device) == "c"
     emb = torch.nn.Embedding(V, D).to(args.device)
     ids = torch.randperm(V, device=args.device)[:N]  # all distinct: the worst case for LEV
     _, get_batch, what = batch_source(argparse.Namespace(**{**vars(args), "vocab_size": V}))
