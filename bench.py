@@ -16,8 +16,9 @@ Three tables:
   3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV cache, for lev
      with and without its per-id embedding cache, and with the one-token steps compiled (sample.py --compile;
      --no-gen_compile skips it). The variants of an arm take turns, --gen_rounds times; the best round counts.
-Batches come from data/<dataset>/train.bin when it exists (real text: a Tiny Shakespeare batch of 2,048 tokens
-holds ~800 distinct ids, which is what LEV's cost depends on), else from a Zipf(1.1) stand-in, said so.
+Batches come from data/<dataset>/train.bin when it exists (real text: a Tiny Shakespeare batch of
+2,048 tokens holds ~800 distinct ids, which is what LEV's cost depends on), else from a Zipf(1.1)
+stand-in, said so.
 """
 
 import argparse
@@ -33,16 +34,19 @@ import time
 import numpy as np
 import torch
 
-import common
-from common import atomic_path, resolve_device
-from leviathan import EMBEDDINGS, GPT, LEV, Config, set_runtime
-from prepare_data import load_meta, load_split
+from leviathan import EMBEDDINGS, GPT, LEV, Config
+from machinery import cli
+from machinery.cli import atomic_path
+from machinery.dataset import load_meta, load_split
+from machinery.devices import resolve_device
+from machinery.fast_lev import FastEmbedder
+from machinery.runtime import set_runtime
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
 
 def make_parser():
-    p = common.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+    p = cli.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -82,8 +86,8 @@ def make_parser():
 
 
 def parse_args(argv=None):
-    """The flags, checked before any work: arms, tables, heads, numbers, sizes (leviathan.Config's own checks),
-    the device, --json's folder, and whether the data can serve the batches."""
+    """The flags, checked before any work: arms, tables, heads, numbers, sizes (leviathan.Config's
+    own checks), the device, --json's folder, and whether the data can serve the batches."""
     p = make_parser()
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.embedding.split(",") if a.strip()]
@@ -103,7 +107,7 @@ def parse_args(argv=None):
         check_numbers(p, args)
         args.device = resolve_device(args.device)
         if args.json is not None:
-            common.check_output_file(args.json, "--json")
+            cli.check_output_file(args.json, "--json")
         batch_source(args)  # the data can serve the batches
     except (ValueError, OSError) as e:
         p.error(str(e).removeprefix("Config: "))
@@ -168,13 +172,18 @@ def batch_source(args):
     return vocab_size, get_batch, what
 
 
+def run_settings(args, head="lean", **generation):
+    """set_runtime's keywords for the arms of table 1 (and generation's, given)."""
+    return dict(lev_chunk=args.lev_chunk, lev_compile=args.lev_compile, lev_c_kernels=args.lev_c_kernels,
+                lean_head=head == "lean", **generation)
+
+
 def build(arm, vocab_size, args, head="lean"):
     torch.manual_seed(args.seed)
     config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                     n_embd=args.n_embd, embedding=arm)
     model = GPT(config).to(args.device)
-    set_runtime(model, lev_chunk=args.lev_chunk, lev_compile=args.lev_compile, lev_c_kernels=args.lev_c_kernels,
-                lean_head=head == "lean")
+    set_runtime(model, **run_settings(args, head))
     optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
     return model, optimizer
 
@@ -190,24 +199,25 @@ def train_step(model, optimizer, x, y, args):
 
 
 def backbone_flops_per_token(model):
-    """6 * backbone parameters + attention's 12 * n_layer * block_size * n_embd (PaLM appendix B): the
-    backbone's forward + backward FLOPs per token, excluding the embedding and the head."""
+    """6 * backbone parameters + attention's 12 * n_layer * block_size * n_embd (PaLM appendix B):
+    the backbone's forward + backward FLOPs per token, excluding the embedding and the head."""
     c = model.config
     return 6 * model.param_report()["backbone"] + 12 * c.n_layer * c.block_size * c.n_embd
 
 
 def lev_forward_flops_per_id(config):
-    """LEV's forward arithmetic for one distinct id, as the fast path does it: the seed maps 2 h d^2, the
-    3-knot splines 6 h d r (3 multiply-adds per value), their product h d r, and W_out 2 h r n_embd (the seed
-    sums, LayerNorm, sigmoid and logs are O(h d) and left out)."""
+    """LEV's forward arithmetic for one distinct id, as the fast path does it: the seed maps 2 h
+    d^2, the 3-knot splines 6 h d r (3 multiply-adds per value), their product h d r, and W_out 2 h
+    r n_embd (the seed sums, LayerNorm, sigmoid and logs are O(h d) and left out)."""
     h, d, r = config.lev_heads, config.lev_seed_dim, config.lev_rank
     return 2 * h * d * d + 6 * h * d * r + h * d * r + 2 * h * r * config.n_embd
 
 
 def model_flops_per_token(model, distinct_per_token):
-    """Training FLOPs per token (forward + backward = 3x forward, recomputation not counted, as in MFU): the
-    backbone (backbone_flops_per_token), the head 6 V n_embd, and the input embedding: 0 for a table (a lookup),
-    3x LEV's forward per distinct id for lev, times the distinct ids per token of the batch."""
+    """Training FLOPs per token (forward + backward = 3x forward, recomputation not counted, as in
+    MFU): the backbone (backbone_flops_per_token), the head 6 V n_embd, and the input embedding: 0
+    for a table (a lookup), 3x LEV's forward per distinct id for lev, times the distinct ids per
+    token of the batch."""
     c = model.config
     flops = backbone_flops_per_token(model) + 6 * c.vocab_size * c.n_embd
     if c.embedding == "lev":
@@ -216,8 +226,9 @@ def model_flops_per_token(model, distinct_per_token):
 
 
 def peak_memory_child(arm, head, args, queue):
-    """In a fresh process, this arm alone: two training steps, then the peak memory in MiB (CUDA: the most
-    allocated; CPU: peak resident memory, VmHWM, as ru_maxrss would carry the parent's peak across exec)."""
+    """In a fresh process, this arm alone: two training steps, then the peak memory in MiB (CUDA:
+    the most allocated; CPU: peak resident memory, VmHWM, as ru_maxrss would carry the parent's peak
+    across exec)."""
     torch.set_num_threads(1)
     vocab_size, get_batch, _ = batch_source(args)
     model, optimizer = build(arm, vocab_size, args, head)
@@ -249,15 +260,15 @@ KERNEL_NAMES = {"c": "C (lev_kernels.c)", "compiled": "torch, compiled", "eager"
 
 
 def kernels_in_training(lev, device):
-    """Which of its kernels a LEV with its run settings uses in training on device (LEV.kernels decides)."""
+    """Which of its kernels a LEV with its fast path uses in training on device (FastEmbedder.kernels)."""
     with torch.enable_grad():
-        return lev.kernels(torch.empty(0, 1, 1, device=device))
+        return lev.fast_embed.kernels(torch.empty(0, 1, 1, device=device), lev.spline)
 
 
 def lev_kernels(args):
-    """What table 1's LEV runs, named: a tiny LEV with table 1's settings asks LEV.kernels."""
+    """What table 1's LEV runs, named: a tiny LEV with table 1's settings asks FastEmbedder.kernels."""
     probe = LEV(Config(vocab_size=2, n_embd=8, n_head=1, lev_seed_dim=2, lev_heads=1, lev_knots=3, lev_rank=1))
-    probe.c_kernels, probe.compile_kernels = args.lev_c_kernels, args.lev_compile
+    probe.fast_embed = FastEmbedder(c_kernels=args.lev_c_kernels, compile_kernels=args.lev_compile)
     return KERNEL_NAMES[kernels_in_training(probe, args.device)]
 
 
@@ -293,8 +304,8 @@ def train_table(args, results):
     for key, (arm, head) in variants.items():
         ms = statistics.median(times[key]) * 1000
         tied = "tied" if head == "lean" else "tied (full head)"
-        # paired: the median over rounds of this arm's step over tied's in the same round, so that a slow spell
-        # of the machine, which lasts seconds, slows both sides of a ratio alike
+        # paired: the median over rounds of this arm's step over tied's in the same round, so that a
+        # slow spell of the machine, which lasts seconds, slows both sides of a ratio alike
         ratio = (statistics.median(a / b for a, b in zip(times[key], times[tied], strict=True)) if tied in times
                  else float("nan"))
         mem = peak_memory_mib(arm, head, args)
@@ -326,9 +337,9 @@ def lev_table(args, results):
     c = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
     eager.load_state_dict(lev.state_dict())
     c.load_state_dict(lev.state_dict())
-    lev.chunk = eager.chunk = args.lev_chunk
-    lev.c_kernels = eager.c_kernels = False  # torch's kernels, compiled and eager
-    eager.compile_kernels = False
+    lev.fast_embed = FastEmbedder(args.lev_chunk, c_kernels=False)  # torch's kernels, compiled
+    eager.fast_embed = FastEmbedder(args.lev_chunk, c_kernels=False, compile_kernels=False)
+    c.fast_embed = FastEmbedder()  # the C kernels where they build
     with_c = kernels_in_training(c, args.device) == "c"
     emb = torch.nn.Embedding(V, D).to(args.device)
     ids = torch.randperm(V, device=args.device)[:N]  # all distinct: the worst case for LEV
@@ -379,20 +390,22 @@ def gen_table(args, results):
     for arm in args.arms:
         model, _ = build(arm, vocab_size, args)
         model.eval()
-        compiled = None
+        compiled, uncached = None, None
         if args.gen_compile:
-            compiled = copy.copy(model)  # the same weights; only its run setting differs
-            set_runtime(compiled, compile_decode=True)
+            compiled = copy.copy(model)  # the same weights; only its run settings differ
+            set_runtime(compiled, **run_settings(args, compile_decode=True))
+        if arm == "lev":
+            uncached = set_runtime(copy.copy(model), **run_settings(args, lev_cache=False))
         prompt = torch.zeros(1, 1, dtype=torch.long, device=args.device)
         # (model, KV cache, LEV cache): the default first, then each cache off, then compiled steps
         variants = [(model, True, True), (model, False, True)]
-        variants += [(model, True, False), (model, False, False)] if arm == "lev" else []
+        variants += [(uncached, True, False), (uncached, False, False)] if arm == "lev" else []
         variants += [(compiled, True, True)] if compiled is not None else []
         best = [0.0] * len(variants)
         for _ in range(args.gen_rounds):
-            for i, (m, kv, lev_cache) in enumerate(variants):
-                m.generate(prompt, 8, 0.0, None, None, kv, lev_cache)  # warm-up (and compiling, the first time)
-                seconds = timed(args.device, m.generate, prompt, n, 0.0, None, None, kv, lev_cache)
+            for i, (m, kv, _) in enumerate(variants):
+                m.generate(prompt, 8, 0.0, None, None, kv)  # warm-up (and compiling, the first time)
+                seconds = timed(args.device, m.generate, prompt, n, 0.0, None, None, kv)
                 best[i] = max(best[i], n / seconds)
         for (m, kv, lev_cache), tokens_per_s in zip(variants, best, strict=True):
             steps = "compiled" if m is compiled else "eager"

@@ -1,15 +1,16 @@
 """
 Sample text from a trained leviathan model, streamed to the terminal as it is generated.
 
-    python sample.py --out_dir=out-shakespeare-cpu-lev --start="ROMEO:" --num_samples=3 --max_new_tokens=300
+    python sample.py --out_dir=out-shakespeare-cpu-lev --start="ROMEO:" --num_samples=3
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0      # greedy
     python sample.py --out_dir=out --num_samples=1 --no_kv_cache                # measure the KV cache
 
-The tokenizer comes from the checkpoint's dataset metadata (a char vocabulary or a tiktoken encoding name), so
-a checkpoint samples correctly without repeating how it was trained. Each sample is printed (prompt first) as
-its tokens arrive, samples are separated by a dashed line, and one summary line on stderr gives tokens/s and
-which caches were on. Generation uses the KV cache and, for the lev arm, LEV's per-id embedding cache;
---no_kv_cache and --no_lev_cache switch them off so that their effect on speed can be measured.
+The tokenizer comes from the checkpoint's dataset metadata (a char vocabulary or a tiktoken encoding
+name), so a checkpoint samples correctly without repeating how it was trained. Each sample is printed
+(prompt first) as its tokens arrive, samples are separated by a dashed line, and one summary line on stderr
+gives tokens/s and which caches were on. Generation uses the KV cache and, for the lev arm, LEV's per-id
+embedding cache; --no_kv_cache and --no_lev_cache switch them off so that their effect on speed can be
+measured.
 Defaults follow nanoGPT's sample.py.
 """
 
@@ -21,9 +22,9 @@ import time
 
 import torch
 
-import common
-import prepare_data
-from leviathan import set_runtime
+from leviathan import GPT, Config
+from machinery import checkpoints, cli, dataset, devices
+from machinery.runtime import set_runtime
 
 SEPARATOR = "---------------"
 
@@ -34,34 +35,44 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 def fail(message):
     """Bad input: one actionable line on stderr and exit code 2, never a traceback."""
-    common.fail("sample.py", message)
+    cli.fail("sample.py", message)
 
 
 def parse_args(argv):
-    p = common.ArgumentParser(prog="sample.py", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--out_dir", default="out", help="directory holding ckpt.pt (written by train.py)")
-    p.add_argument("--start", default="\n",
-                   help="prompt text, or FILE:path to read the prompt from a UTF-8 file (default: %(default)r)")
-    p.add_argument("--num_samples", type=int, default=10, help="number of samples to draw, one after another")
+    p = cli.ArgumentParser(prog="sample.py", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--out_dir", default="out",
+                   help="directory holding ckpt.pt (written by train.py)")
+    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read the prompt from a "
+                                                "UTF-8 file (default: %(default)r)")
+    p.add_argument("--num_samples", type=int, default=10,
+                   help="number of samples to draw, one after another")
     p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
     p.add_argument("--temperature", type=float, default=0.8,
-                   help="1.0 = the model's distribution, < 1 = more conservative, 0 = greedy (argmax)")
-    p.add_argument("--top_k", type=int, default=200, help="sample only among the k likeliest tokens")
+                   help="1.0 = the model's distribution, < 1 = more conservative, 0 = greedy "
+                        "(argmax)")
+    p.add_argument("--top_k", type=int, default=200,
+                   help="sample only among the k likeliest tokens")
     p.add_argument("--top_p", type=float, default=None,
-                   help="nucleus sampling: only among the likeliest tokens whose probability reaches p")
+                   help="nucleus sampling: only among the likeliest tokens whose probability "
+                        "reaches p")
     p.add_argument("--seed", type=int, default=1337, help="random seed: same seed, same samples")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
     p.add_argument("--compile", action="store_true",
-                   help="run the one-token decoding steps through torch.compile (slow to start: the first sample "
-                        "pays ~10-40 s of compiling; used with the KV cache only)")
+                   help="run the one-token decoding steps through torch.compile (slow to start: the "
+                        "first sample pays ~10-40 s of compiling; used with the KV cache only)")
     p.add_argument("--no_kv_cache", action="store_true",
-                   help="recompute the whole context for every token (to measure the KV cache's speed-up)")
+                   help="recompute the whole context for every token (to measure the KV cache's "
+                        "speed-up)")
     p.add_argument("--no_lev_cache", action="store_true",
-                   help="lev arm: recompute LEV embeddings at every step instead of once per id (to measure it)")
+                   help="lev arm: recompute LEV embeddings at every step instead of once per id (to "
+                        "measure it)")
+    p.add_argument("--plain", action="store_true",
+                   help="run the model exactly as leviathan.py writes it, none of the fast paths of "
+                        "machinery/runtime.py: slower, the same tokens; for a model whose code you edited")
     p.add_argument("--threads", type=int, default=0,
-                   help="CPU threads; 0: one for models under 50M parameters (threads that wait for each other "
-                        "collapse decoding on a busy machine), torch's default above")
+                   help="CPU threads; 0: one for models under 50M parameters (threads that wait for "
+                        "each other collapse decoding on a busy machine), torch's default above")
     args = p.parse_args(argv)
     # the same rules GPT.stream enforces, checked up front so that nothing is loaded for a typo
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
@@ -78,13 +89,16 @@ def parse_args(argv):
         p.error(f"--seed={args.seed} must be in [0, 2^63)")
     if args.threads < 0:
         p.error(f"--threads={args.threads} must be >= 0 (0: automatic)")
+    if args.plain and args.compile:
+        p.error("--compile is a fast path, and --plain runs none: drop one of them")
+    args.no_lev_cache |= args.plain  # the plain code computes LEV's embeddings at every step
     return args
 
 
 def pick_device(name):
-    """common.resolve_device, a missing device reported as bad input."""
+    """devices.resolve_device, a missing device reported as bad input."""
     try:
-        return common.resolve_device(name)
+        return devices.resolve_device(name)
     except ValueError as e:
         fail(str(e))
 
@@ -97,90 +111,75 @@ def read_prompt(start):
             with open(path, encoding="utf-8") as f:
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
-            fail(f"cannot read the prompt file --start=FILE:{path} ({type(e).__name__}: {e}); give a readable "
-                 f"UTF-8 text file")
+            fail(f"cannot read the prompt file --start=FILE:{path} ({type(e).__name__}: {e}); give a "
+                 f"readable UTF-8 text file")
     if not start:
-        fail("the prompt is empty; give at least one character with --start=TEXT or --start=FILE:path")
+        fail("the prompt is empty; give at least one character with --start=TEXT or "
+             "--start=FILE:path")
     return start
 
 
-def stream_text(tokenizer, ids):
-    """Decode a stream of token ids into text pieces whose concatenation is exactly tokenizer.decode(all ids).
-
-    A BPE token can end inside a multi-byte UTF-8 character, which decodes as U+FFFD until its remaining bytes
-    arrive; so a trailing U+FFFD is held back until a later token completes (or, at the end, confirms) it.
-    The ids not yet fully shown are decoded together; once they decode to complete characters they are dropped,
-    as decoding from a character boundary does not depend on what came before."""
-    pending, shown = [], 0  # ids since the last character boundary, and how much of their text is printed
-    for i in ids:
-        pending.append(i)
-        text = tokenizer.decode(pending)
-        ready = len(text.rstrip("\ufffd"))
-        if ready > shown:
-            yield text[shown:ready]
-            shown = ready
-        if ready == len(text):
-            pending, shown = [], 0
-    text = tokenizer.decode(pending)
-    if len(text) > shown:
-        yield text[shown:]  # replacement characters the stream ended with are part of the decoded text too
-
-
 def load_model(out_dir, device):
-    """The checkpoint's model and its tokenizer (characters or a tiktoken encoding, named in the checkpoint)."""
+    """The checkpoint's model and its tokenizer (characters or a tiktoken encoding, named in the
+    checkpoint)."""
     if not os.path.isdir(out_dir):
-        fail(f"--out_dir={out_dir} does not exist; train a model first (python train.py ...) or fix --out_dir")
+        fail(f"--out_dir={out_dir} does not exist; train a model first (python train.py ...) or fix "
+             f"--out_dir")
     try:
-        model, ckpt = common.load_checkpoint(out_dir, device)
-    except (OSError, ValueError) as e:  # missing, unreadable, edited, diverged: the message says what to do
+        model, ckpt = checkpoints.load_checkpoint(out_dir, GPT, Config, device)
+    except (OSError, ValueError) as e:  # missing, unreadable, edited, diverged: the message says why
         fail(str(e))
     meta = ckpt["meta"]
     if "tokenizer" not in meta:
-        fail(f"the checkpoint in {out_dir} has no dataset metadata (meta) naming its tokenizer; retrain it "
-             f"with this version of train.py")
+        fail(f"the checkpoint in {out_dir} has no dataset metadata (meta) naming its tokenizer; "
+             f"retrain it with this version of train.py")
     try:
-        tokenizer = prepare_data.get_tokenizer(meta)
-    except Exception as e:  # an unknown encoding name, a tiktoken file that cannot be fetched offline, ...
-        fail(f"cannot build the checkpoint's tokenizer {meta['tokenizer']!r} ({type(e).__name__}: {e})")
+        tokenizer = dataset.get_tokenizer(meta)
+    except Exception as e:  # an unknown encoding name, a tiktoken file not to be fetched offline, ...
+        fail(f"cannot build the checkpoint's tokenizer {meta['tokenizer']!r} "
+             f"({type(e).__name__}: {e})")
     if tokenizer.vocab_size != model.config.vocab_size:
-        fail(f"the checkpoint's tokenizer {meta['tokenizer']!r} has {tokenizer.vocab_size} tokens but its model "
-             f"has vocab_size={model.config.vocab_size}; the checkpoint is inconsistent")
+        fail(f"the checkpoint's tokenizer {meta['tokenizer']!r} has {tokenizer.vocab_size} tokens but "
+             f"its model has vocab_size={model.config.vocab_size}; the checkpoint is inconsistent")
     return model, tokenizer
 
 
 def encode_prompt(prompt, tokenizer, block_size, device):
-    """The prompt as the model will see it: (1, T) ids, cut to the last block_size tokens (with a note)."""
+    """The prompt as the model will see it: (1, T) ids, cut to the last block_size tokens (with a
+    note)."""
     try:
         prompt_ids = tokenizer.encode(prompt)
-    except ValueError as e:  # e.g. characters a char-level vocabulary lacks (the tokenizer names them)
+    except ValueError as e:  # e.g. characters a char-level vocabulary lacks (named in the message)
         fail(f"cannot encode the prompt: {e}")
     if len(prompt_ids) > block_size:
-        print(f"sample.py: note: the prompt is {len(prompt_ids)} tokens, longer than block_size={block_size}; "
-              f"the model sees only its last {block_size}", file=sys.stderr)
+        print(f"sample.py: note: the prompt is {len(prompt_ids)} tokens, longer than "
+              f"block_size={block_size}; the model sees only its last {block_size}", file=sys.stderr)
         prompt_ids = prompt_ids[-block_size:]
     return torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
 
 def prepare_model(model, args, device):
-    """Run settings for generation: threads, LEV's kernels eager, optionally the decoding steps compiled."""
-    set_runtime(model, lev_compile=False)  # LEV's kernels compile for training only; generation meets each id once
+    """Run settings for generation: threads, and the fast paths (machinery/runtime.py): LEV's kernels
+    eager (they compile for training only; generation meets each id once), the KV cache's one-token steps
+    through the Decoder, or with --compile through torch.compile (LEV's data-dependent lookups,
+    torch.unique and the per-id cache, stay eager behind a graph break)."""
     if device == "cpu":
-        torch.set_num_threads(args.threads or common.pick_threads(model.param_report()["total"]))
-    if args.compile:
-        # the one-token decoding steps through torch.compile (leviathan.set_runtime); LEV's data-dependent
-        # lookups (torch.unique, the per-id cache) stay eager behind a graph break
-        set_runtime(model, compile_decode=True)
+        torch.set_num_threads(args.threads or devices.pick_threads(model.param_report()["total"]))
+    if args.plain:
+        return
+    set_runtime(model, lev_compile=False, compile_decode=args.compile,
+                lev_cache=not args.no_lev_cache)
 
 
 def write_sample(model, tokenizer, prompt, x, args):
     """One sample, written to stdout as its tokens arrive; returns its text (prompt included)."""
     sys.stdout.write(prompt)
     sys.stdout.flush()
-    # the caches are GPT.stream's: use_cache (KV) and lev_cache (each id's LEV embedding computed once per call)
-    new_ids = (int(t) for t in model.stream(x, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                            use_cache=not args.no_kv_cache, lev_cache=not args.no_lev_cache))
+    # the KV cache is GPT.stream's; LEV's per-id cache is the fast decoder's (prepare_model)
+    new_ids = (int(t) for t in model.stream(x, args.max_new_tokens, args.temperature, args.top_k,
+                                            args.top_p, use_cache=not args.no_kv_cache))
     pieces = []
-    for piece in stream_text(tokenizer, new_ids):
+    for piece in dataset.stream_text(tokenizer, new_ids):
         sys.stdout.write(piece)
         sys.stdout.flush()  # a person watches the text appear
         pieces.append(piece)
@@ -198,14 +197,16 @@ def report_speed(args, model, device, seconds, seconds_after_first):
         rate += f" ({rest / max(seconds_after_first, 1e-9):.1f} tokens/s after the first sample)"
     kv_state = "off" if args.no_kv_cache else "on"
     is_lev = model.config.embedding == "lev"
-    lev_state = ("off" if args.no_lev_cache else "on") if is_lev else f"n/a ({model.config.embedding} arm)"
-    print(f"sample.py: {rate}; {args.num_samples} x {args.max_new_tokens} new tokens, kv_cache={kv_state}, "
-          f"lev_cache={lev_state}, device={device}, threads={torch.get_num_threads()}, "
-          f"compile={'on' if args.compile else 'off'}", file=sys.stderr)
+    arm = model.config.embedding
+    lev_state = ("off" if args.no_lev_cache else "on") if is_lev else f"n/a ({arm} arm)"
+    print(f"sample.py: {rate}; {args.num_samples} x {args.max_new_tokens} new tokens, "
+          f"kv_cache={kv_state}, lev_cache={lev_state}, device={device}, threads={torch.get_num_threads()}, "
+          f"compile={'on' if args.compile else 'off'}, fast_paths={'off' if args.plain else 'on'}",
+          file=sys.stderr)
 
 
 def main(argv=None):
-    """Run sample.py with the given arguments (sys.argv[1:] when None); return the samples' texts."""
+    """Run sample.py with the arguments (sys.argv[1:] when None); return the samples' texts."""
     args = parse_args(argv)
     prompt = read_prompt(args.start)
     device = pick_device(args.device)
@@ -213,9 +214,9 @@ def main(argv=None):
     x = encode_prompt(prompt, tokenizer, model.config.block_size, device)
     prepare_model(model, args, device)
     torch.manual_seed(args.seed)  # seeds every device's generator
-    # bfloat16 autocast on CUDA, as nanoGPT; elsewhere full fp32 (sample_next works on fp32 logits either way)
+    # bfloat16 autocast on CUDA, as nanoGPT; elsewhere full fp32 (sample_next takes fp32 logits anyway)
     texts, t0 = [], time.perf_counter()
-    with common.autocast(device, "bfloat16" if device == "cuda" else "float32"):
+    with devices.autocast(device, "bfloat16" if device == "cuda" else "float32"):
         for i in range(args.num_samples):
             if i == 1:
                 t1 = time.perf_counter()  # the first sample also pays for warm-up (and compilation)
@@ -231,5 +232,6 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C while watching a sample: stop quietly
         sys.exit(130)
     except BrokenPipeError:  # the reader went away (python sample.py | head): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exit's final flush cannot fail
+        # so that exit's final flush cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)

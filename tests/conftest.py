@@ -19,15 +19,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the project's scripts import as modules: prepare_data, train, leviathan
 
 import leviathan  # noqa: E402
-import prepare_data  # noqa: E402
+from machinery import corpus  # noqa: E402
 
 
 def make_text(n_lines=400, seed=0):
     """Deterministic English-like lines from a small word list (about 25 characters per line)."""
     words = "the cat sat on a mat and dog ran far to see it was not my old red hat but his".split()
     rng = random.Random(seed)
-    return "".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))).capitalize() + ".\n"
-                   for _ in range(n_lines))
+    lines = (" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(n_lines))
+    return "".join(line.capitalize() + ".\n" for line in lines)
 
 
 def lev_param_count(vocab_size, n_embd, lev_digits=3, lev_seed_dim=128, lev_heads=8, lev_knots=16, lev_rank=64):
@@ -40,8 +40,62 @@ def lev_param_count(vocab_size, n_embd, lev_digits=3, lev_seed_dim=128, lev_head
     return lev_digits * digit_base(vocab_size, lev_digits) * d + lev_heads * per_head
 
 
+# The tiny models of the model's tests (test_leviathan.py, test_fast_lev.py, test_decoder.py)
+
+# not a perfect cube: base 4, so digits 4**3 = 64 > 61 ids leave some digit combinations unused
+V = 61
+BLOCK = 16
+
+
+def tiny_config(arm, **overrides):
+    settings = dict(vocab_size=V, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32, embedding=arm,
+                    lev_seed_dim=16, lev_heads=2, lev_rank=8)
+    return leviathan.Config(**{**settings, **overrides})
+
+
+def tiny_model(arm, seed=0, **overrides):
+    """A tiny GPT as leviathan.py builds it: its plain code, no fast path installed."""
+    torch.manual_seed(seed)
+    return leviathan.GPT(tiny_config(arm, **overrides))
+
+
+def lev_config(vocab_size=V, n_embd=12, **lev):
+    """A Config for LEV alone (the backbone settings do not matter to it)."""
+    return leviathan.Config(vocab_size=vocab_size, n_embd=n_embd, n_head=1, **lev)
+
+
+def tiny_lev(seed=0, dtype=torch.float64, d_seed=16, chunk=5, vocab_size=V, normalize=True,
+             kernels="c", rank=4):
+    """A small LEV in float64 (so that fast path and recipe agree to ~1e-15). kernels: its fast
+    path's, "c" (lev_kernels.c; the test is skipped without a C compiler) or "torch" (torch's
+    kernels, with a chunk smaller than most batches so that chunking is exercised by default); None:
+    no fast path, the recipe as leviathan.py writes it."""
+    from machinery.fast_lev import FastEmbedder
+
+    torch.manual_seed(seed)
+    lev = leviathan.LEV(lev_config(vocab_size, lev_digits=3, lev_seed_dim=d_seed, lev_heads=2,
+                                   lev_knots=8, lev_rank=rank, lev_normalize_basis=normalize))
+    if kernels == "c":
+        skip_without_c_kernels()
+    if kernels is not None:
+        lev.fast_embed = FastEmbedder(chunk=chunk, c_kernels=kernels == "c")
+    return lev.to(dtype)
+
+
+def random_ids(*shape, seed=0, high=V):
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def skip_without_c_kernels():
+    from machinery.c_kernels import c_library
+
+    if c_library() is None:
+        pytest.skip("no C compiler for lev_kernels.c")
+
+
 def make_tiny_encoding():
-    """A byte-level tiktoken encoding (256 ids) built in-process: registered nowhere, needs no download."""
+    """A byte-level tiktoken encoding (256 ids) built in-process: registered nowhere, needs no
+    download."""
     return tiktoken.Encoding(name="tiny", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
                              mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={})
 
@@ -109,10 +163,10 @@ def compiling(monkeypatch):
     check that it really compiled)."""
     from torch._dynamo.utils import counters
 
-    import leviathan
+    from machinery import fast_lev
 
-    monkeypatch.setattr(leviathan, "_compiled_kernels", {})
-    monkeypatch.setattr(leviathan, "_compile_failures", {})
+    monkeypatch.setattr(fast_lev, "_compiled_kernels", {})
+    monkeypatch.setattr(fast_lev, "_compile_failures", {})
     torch.compiler.reset()
     counters.clear()
     with torch.compiler.set_stance("default"):
@@ -132,13 +186,16 @@ def tiny_encoding():
 
 @pytest.fixture
 def char_data(tmp_path, text):
-    """A prepared char-level dataset: returns the data folder (tmp_path/data); the dataset is "tiny_char"."""
-    prepare_data.prepare(text, "char", str(tmp_path / "data" / "tiny_char"), "tiny_char", "synthetic")
+    """A prepared char-level dataset: returns the data folder (tmp_path/data); the dataset is
+    "tiny_char"."""
+    corpus.prepare(text, "char", str(tmp_path / "data" / "tiny_char"), "tiny_char", "synthetic")
     return tmp_path / "data"
 
 
 @pytest.fixture
 def bpe_data(tmp_path, text, tiny_encoding):
-    """A prepared BPE dataset with the tiny encoding: returns the data folder; the dataset is "tiny_bpe"."""
-    prepare_data.prepare(text, tiny_encoding, str(tmp_path / "data" / "tiny_bpe"), "tiny_bpe", "synthetic")
+    """A prepared BPE dataset with the tiny encoding: returns the data folder; the dataset is
+    "tiny_bpe"."""
+    corpus.prepare(text, tiny_encoding, str(tmp_path / "data" / "tiny_bpe"), "tiny_bpe",
+                   "synthetic")
     return tmp_path / "data"

@@ -10,10 +10,10 @@ import torch
 from conftest import spoil_training_loss
 
 import bench
-import common
 import eval as ev
 import sample
 import train
+from machinery import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -299,14 +299,14 @@ def test_bench_flags_are_checked(run_cli, flag, message):
 def test_common_reports_an_unwritable_folder(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ValueError, match="--json=.* is a directory"):
-        common.check_output_file(str(tmp_path), "--json")
+        cli.check_output_file(str(tmp_path), "--json")
     with pytest.raises(ValueError, match="is a file, not a folder"):
-        common.check_output_file(str(tmp_path / "f" / "x.json"), "--json")
+        cli.check_output_file(str(tmp_path / "f" / "x.json"), "--json")
     os.chmod(tmp_path / "f", 0o644)
     if os.geteuid() != 0:  # root may write anywhere
         (tmp_path / "ro").mkdir(mode=0o555)
         with pytest.raises(ValueError, match="cannot write in"):
-            common.check_output_file(str(tmp_path / "ro" / "x.json"), "--json")
+            cli.check_output_file(str(tmp_path / "ro" / "x.json"), "--json")
 
 
 def test_more_damage_found_by_probing(tmp_path, char_data, run_cli, trained):

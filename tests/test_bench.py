@@ -10,7 +10,7 @@ import pytest
 from conftest import lev_param_count
 
 import bench
-from leviathan import c_library
+from machinery.c_kernels import c_library
 
 TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
        "--batch_size=2", "--steps=2", "--warmup=1", "--lev_ids=40", "--lev_embd=8", "--plain_max=10",

@@ -19,6 +19,9 @@ from torch._dynamo.utils import counters
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import leviathan  # noqa: E402
 from leviathan import LEV, Config  # noqa: E402
+from machinery import fast_lev  # noqa: E402
+from machinery.fast_lev import FastEmbedder  # noqa: E402
+from machinery.runtime import set_runtime  # noqa: E402
 
 # inductor's CPU backend compiles C++; without a compiler LEV warns and runs eagerly (tested below with a stand-in)
 needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
@@ -33,7 +36,7 @@ def make_lev(dtype, compile=True, normalize=True):
     # d_seed=24: groups of 8 factors; chunk=16 with 37 distinct ids: full chunks and a remainder of 5
     lev = LEV(Config(vocab_size=300, n_embd=12, n_head=1, lev_digits=3, lev_seed_dim=24, lev_heads=2, lev_knots=8,
                      lev_rank=4, lev_normalize_basis=normalize))
-    lev.chunk, lev.compile_kernels, lev.c_kernels = 16, compile, False  # torch's kernels (not lev_kernels.c)
+    lev.fast_embed = FastEmbedder(chunk=16, c_kernels=False, compile_kernels=compile)  # torch's kernels
     with torch.no_grad():
         lev.spline.add_(0.3 * torch.randn_like(lev.spline))  # away from the init, so that every knot matters
         lev.ln_weight.mul_(4.0)  # many coordinates near the ends of [0, 1], where normalising the basis matters
@@ -66,8 +69,8 @@ def test_compiled_kernels_equal_eager_and_reference(dtype, normalize):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = values_and_grads(lev, lev, IDS)
-    assert not lev_warnings(caught) and not leviathan._compile_failures  # no fallback to eager
-    assert set(leviathan._compiled_kernels) == {leviathan.log_mode_chunk, leviathan.log_mode_chunk_backward}
+    assert not lev_warnings(caught) and not fast_lev._compile_failures  # no fallback to eager
+    assert set(fast_lev._compiled_kernels) == {fast_lev.log_mode_chunk, fast_lev.log_mode_chunk_backward}
     # dynamo really compiled them (it runs a function eagerly when it cannot trace it): each kernel for a full
     # chunk and for the remainder
     assert counters["stats"]["unique_graphs"] >= 4
@@ -81,8 +84,8 @@ def test_compiled_kernels_equal_eager_and_reference(dtype, normalize):
 
 def with_compiled_kernels(run):
     """Stand in `run` for both compiled kernels (the compiled-kernel cache is LEV's own, emptied per test)."""
-    for kernel in (leviathan.log_mode_chunk, leviathan.log_mode_chunk_backward):
-        leviathan._compiled_kernels[kernel] = run
+    for kernel in (fast_lev.log_mode_chunk, fast_lev.log_mode_chunk_backward):
+        fast_lev._compiled_kernels[kernel] = run
 
 
 def test_a_failed_compile_warns_once_and_runs_eagerly():
@@ -95,7 +98,7 @@ def test_a_failed_compile_warns_once_and_runs_eagerly():
                                          r"compiler found\); they run eagerly") as caught:
         got = values_and_grads(lev, lev, IDS)
         values_and_grads(lev, lev, IDS)
-    assert len(lev_warnings(caught)) == 1 and set(leviathan._compile_failures) == {"cpu"}
+    assert len(lev_warnings(caught)) == 1 and set(fast_lev._compile_failures) == {"cpu"}
     for a, b in zip(got, values_and_grads(eager, eager, IDS), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
@@ -104,12 +107,12 @@ def test_a_genuine_error_is_raised_not_blamed_on_compile(monkeypatch):
     def broken_kernel(*args):
         raise ValueError("a bug in the kernel")
 
-    monkeypatch.setattr(leviathan, "log_mode_chunk", broken_kernel)
+    monkeypatch.setattr(fast_lev, "log_mode_chunk", broken_kernel)
     lev = make_lev(torch.float64)
     with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError, match="a bug in the kernel"):
         warnings.simplefilter("always")
         lev(IDS)
-    assert not lev_warnings(caught) and not leviathan._compile_failures
+    assert not lev_warnings(caught) and not fast_lev._compile_failures
 
 
 def test_out_of_memory_is_raised_not_blamed_on_compile():
@@ -120,7 +123,7 @@ def test_out_of_memory_is_raised_not_blamed_on_compile():
     lev = make_lev(torch.float64)
     with pytest.raises(torch.OutOfMemoryError):
         values_and_grads(lev, lev, IDS)
-    assert not leviathan._compile_failures
+    assert not fast_lev._compile_failures
 
 
 @needs_compiler
@@ -132,13 +135,15 @@ def test_compiled_decoding_gives_the_eager_tokens(arm):
     model = leviathan.GPT(Config(vocab_size=300, block_size=16, n_layer=2, n_head=2, n_embd=16, embedding=arm,
                                  lev_seed_dim=8, lev_heads=2, lev_knots=6, lev_rank=4)).eval()
     prompt = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(1))
-    eager = model.generate(prompt, 40, temperature=0.0)
-    leviathan.set_runtime(model, compile_decode=True)
+    eager = model.generate(prompt, 40, temperature=0.0)  # the model's plain code
+    set_runtime(model)  # the eager fast decoder (the Decoder)
+    assert torch.equal(model.generate(prompt, 40, temperature=0.0), eager)
+    set_runtime(model, compile_decode=True)
     compiled = model.generate(prompt, 40, temperature=0.0)
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo really compiled the step
     graphs = counters["stats"]["unique_graphs"]
     assert torch.equal(compiled, eager)
     assert torch.equal(model.generate(prompt, 40, temperature=0.0), eager)  # a second call: no new compilation
     assert counters["stats"]["unique_graphs"] == graphs <= 6
-    leviathan.set_runtime(model, compile_decode=False)
-    assert model.decode_step is None
+    set_runtime(model, compile_decode=False)
+    assert model.fast_decoding.compiled_backbone is None

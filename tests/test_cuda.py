@@ -24,7 +24,10 @@ from torch._dynamo.utils import counters
 
 import leviathan
 import train
-from leviathan import GPT, LEV, Config, set_runtime
+from leviathan import GPT, LEV, Config
+from machinery import decoder, fast_lev, lean_head
+from machinery.fast_lev import FastEmbedder
+from machinery.runtime import set_runtime
 
 DEVICE = "cuda"
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -56,7 +59,7 @@ def make_lev(size, compile=True, chunk=16):
     else:  # the paper's LEV (d_seed=128, h=8, kappa=16, r=64) at the GPU configs' width and GPT-2's V
         config = Config(vocab_size=50257, n_embd=384, n_head=6)
     lev = LEV(config)
-    lev.chunk, lev.compile_kernels = chunk, compile
+    lev.fast_embed = FastEmbedder(chunk=chunk, c_kernels=False, compile_kernels=compile)  # C: CPU only
     with torch.no_grad():
         lev.spline.add_(0.3 * torch.randn_like(lev.spline))  # away from the init, so that every knot matters
         lev.ln_weight.mul_(4.0)  # many coordinates near the ends of [0, 1]
@@ -91,8 +94,8 @@ def test_compiled_kernels_equal_eager_and_reference(size, ids, chunk):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = values_and_grads(lev, lev, ids)
-    assert not lev_warnings(caught) and not leviathan._compile_failures  # no fallback to eager
-    assert set(leviathan._compiled_kernels) == {leviathan.log_mode_chunk, leviathan.log_mode_chunk_backward}
+    assert not lev_warnings(caught) and not fast_lev._compile_failures  # no fallback to eager
+    assert set(fast_lev._compiled_kernels) == {fast_lev.log_mode_chunk, fast_lev.log_mode_chunk_backward}
     assert counters["stats"]["unique_graphs"] >= 4  # each kernel for a full chunk and for the remainder
     close_by_norm(compiled, values_and_grads(eager, eager, ids), 1e-5)
     # the plain recipe takes one log per factor, the fast path one per 8: a little more rounding apart
@@ -119,7 +122,7 @@ def tiny_gpt(arm, vocab_size=512, block_size=32, seed=0):
     torch.manual_seed(seed)
     config = Config(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=64, embedding=arm,
                     lev_seed_dim=32, lev_heads=2, lev_rank=16, lev_knots=8)
-    return GPT(config).to(DEVICE)
+    return set_runtime(GPT(config).to(DEVICE))  # the fast paths as a script installs them
 
 
 def random_ids(*shape, vocab_size=512, seed=0):
@@ -150,7 +153,7 @@ def test_training_steps_as_train_py_runs_them(arm):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
-    assert not lev_warnings(caught) and not leviathan._compile_failures
+    assert not lev_warnings(caught) and not fast_lev._compile_failures
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert losses[-1] < 0.8 * losses[0], losses  # ln(512) = 6.2 at the start; random targets can be memorised
@@ -160,7 +163,7 @@ def test_training_steps_as_train_py_runs_them(arm):
 def test_lean_head_equals_full_cross_entropy(arm, monkeypatch):
     """GPT.forward's loss with lean_head on equals it with lean_head off, in value and in every parameter's
     gradient (fp32; a few ignored targets; chunks of 37 tokens, so several chunks and a short last one)."""
-    monkeypatch.setattr(leviathan, "default_chunk_size", lambda vocab_size: 37)
+    monkeypatch.setattr(lean_head, "default_chunk_size", lambda vocab_size: 37)
     model = tiny_gpt(arm)
     x, y = random_ids(4, 32, seed=1), random_ids(4, 32, seed=2)
     y[0, :5] = -1
@@ -184,7 +187,8 @@ def test_kv_cache_generation_equals_uncached(arm, prompt_len):
     model = tiny_gpt(arm).eval()
     prompt = random_ids(2, prompt_len, seed=3)
     cached = model.generate(prompt, 60, temperature=0.0)
-    plain = model.generate(prompt, 60, temperature=0.0, use_cache=False, lev_cache=False)
+    set_runtime(model, fast_decoding=False)  # the model's plain code, full forward passes
+    plain = model.generate(prompt, 60, temperature=0.0, use_cache=False)
     assert cached.shape == (2, prompt_len + 60) and cached.device.type == DEVICE
     assert torch.equal(cached, plain)
 
@@ -194,7 +198,7 @@ def test_compiled_decoding_equals_eager(arm):
     """sample.py --compile on the GPU: the one-token steps through torch.compile (Triton) give the eager greedy
     tokens, past block_size too. fp32; the head is used as it is there (DecodeHead makes no copy on a GPU)."""
     model = tiny_gpt(arm).eval()
-    head = leviathan.DecodeHead(model.lm_head.weight)
+    head = decoder.DecodeHead(model.lm_head.weight)
     assert head.blocks is None and head.weight_T.data_ptr() == model.lm_head.weight.data_ptr()
     prompt = random_ids(2, 5, seed=3)
     eager = model.generate(prompt, 40, temperature=0.0)
@@ -224,7 +228,8 @@ def test_generation_after_a_fused_adamw_step_sees_the_new_weights(arm):
         logits_after, _ = model(prompt)
     assert not torch.allclose(logits_after, logits_before)  # the step changed what the model predicts
     after = model.generate(prompt, 10, temperature=0.0)
-    plain = model.generate(prompt, 10, temperature=0.0, use_cache=False, lev_cache=False)
+    set_runtime(model, fast_decoding=False)  # the model's plain code, full forward passes
+    plain = model.generate(prompt, 10, temperature=0.0, use_cache=False)
     assert torch.equal(after, plain)
     assert before.shape == after.shape
 
@@ -251,7 +256,7 @@ def test_train_py_end_to_end_on_cuda(tmp_path, char_data, capsys):
                            "--embedding=lev", *GPU_TINY])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
-    assert not lev_warnings(caught) and not leviathan._compile_failures
+    assert not lev_warnings(caught) and not fast_lev._compile_failures
     assert "device cuda" in stdout and "dtype bfloat16" in stdout
     with open(out / "log.jsonl") as f:
         records = [json.loads(line) for line in f]

@@ -1,4 +1,4 @@
-"""Tests of eval.py on tiny synthetic data dirs, tiny untrained checkpoints and hand-written log.jsonl files."""
+"""Tests of eval.py on tiny synthetic data dirs, tiny untrained checkpoints, hand-written logs."""
 
 import importlib.util
 import json
@@ -16,26 +16,29 @@ import tiktoken
 import torch
 
 import eval as ev
-from common import CHECKPOINT_VERSION
 from leviathan import GPT, Config
-from prepare_data import CharTokenizer, TiktokenTokenizer, eval_windows
+from machinery import evaluation
+from machinery.checkpoints import CHECKPOINT_VERSION
+from machinery.dataset import CharTokenizer, TiktokenTokenizer, eval_windows
+from machinery.fast_lev import FastEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 16
-WORDS = "the king shall speak to my lord and you are not here good night come away love what is this".split()
+WORDS = ("the king shall speak to my lord and you are not here good night come away love what is "
+         "this").split()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def synthetic_play(seed, n_paragraphs):
-    """Speeches separated by blank lines, each ending in a word and punctuation, like Tiny Shakespeare."""
+    """Speeches between blank lines, each ending in a word and punctuation (Tiny Shakespeare)."""
     rng = random.Random(seed)
     speeches = []
     for _ in range(n_paragraphs):
         words = [rng.choice(WORDS) for _ in range(rng.randint(3, 9))]
-        speeches.append(f"{rng.choice(['ROMEO', 'JULIET', 'NURSE'])}:\n{' '.join(words).capitalize()}"
-                        f"{rng.choice('.!?')}\n")
+        speaker = rng.choice(["ROMEO", "JULIET", "NURSE"])
+        speeches.append(f"{speaker}:\n{' '.join(words).capitalize()}{rng.choice('.!?')}\n")
     return "\n".join(speeches)
 
 
@@ -49,26 +52,30 @@ def make_data(path, dataset="tiny"):
     np.array(tok.encode(train), dtype=np.uint16).tofile(os.path.join(path, "train.bin"))
     np.array(tok.encode(val), dtype=np.uint16).tofile(os.path.join(path, "val.bin"))
     meta = {"dataset": dataset, "tokenizer": "char", "vocab_size": len(chars), "dtype": "uint16",
-            "train_tokens": len(train), "val_tokens": len(val), "chars": chars, "source": "synthetic"}
+            "train_tokens": len(train), "val_tokens": len(val), "chars": chars,
+            "source": "synthetic"}
     Path(path, "meta.json").write_text(json.dumps(meta))
     return meta
 
 
 def make_run(path, meta, embedding, seed=0, log=None):
-    """A tiny untrained checkpoint in the train.py format, and optionally a log.jsonl of (tokens, val_loss)."""
+    """A tiny untrained checkpoint in the train.py format, and optionally a log.jsonl of log, a list
+    of (tokens, val_loss)."""
     torch.manual_seed(seed)
     config = Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=1, n_head=2, n_embd=32,
                     embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)
     model = GPT(config)
     os.makedirs(path, exist_ok=True)
-    torch.save({"version": CHECKPOINT_VERSION, "model": model.state_dict(), "model_config": asdict(config),
-                "train_config": {"batch_size": 4, "seed": seed}, "meta": meta, "step": 10, "tokens_seen": 640,
-                "best_val_loss": 4.0, "optimizer": {}, "rng": {}}, os.path.join(path, "ckpt.pt"))
+    torch.save({"version": CHECKPOINT_VERSION, "model": model.state_dict(),
+                "model_config": asdict(config), "train_config": {"batch_size": 4, "seed": seed},
+                "meta": meta, "step": 10, "tokens_seen": 640, "best_val_loss": 4.0, "optimizer": {},
+                "rng": {}}, os.path.join(path, "ckpt.pt"))
     if log is not None:
         with open(os.path.join(path, "log.jsonl"), "w") as f:
             for step, (tokens, val_loss) in enumerate(log):
-                f.write(json.dumps({"step": step, "tokens": tokens, "train_loss": val_loss, "val_loss": val_loss,
-                                    "lr": 1e-3, "elapsed_s": step, "embedding": embedding}) + "\n")
+                f.write(json.dumps({"step": step, "tokens": tokens, "train_loss": val_loss,
+                                    "val_loss": val_loss, "lr": 1e-3, "elapsed_s": step,
+                                    "embedding": embedding}) + "\n")
     return model.eval()
 
 
@@ -77,10 +84,11 @@ def val_tokens(data_dir):
 
 
 def counts_of(data_dir, vocab_size):
-    return np.bincount(np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16), minlength=vocab_size)
+    train = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16)
+    return np.bincount(train, minlength=vocab_size)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # frequency buckets
 
 
@@ -99,7 +107,8 @@ def test_bucket_stats_hand_made():
     # buckets without targets have no loss rather than a made-up one
     stats = ev.bucket_stats(np.array([1.0, 3.0]), np.array([3, 4]), counts)
     assert [s["tokens"] for s in stats] == [0, 0, 2, 0, 0, 0]
-    assert stats[2]["loss"] == pytest.approx(2.0) and stats[0]["loss"] is None and stats[0]["ppl"] is None
+    assert stats[2]["loss"] == pytest.approx(2.0)
+    assert stats[0]["loss"] is None and stats[0]["ppl"] is None
 
 
 def test_train_counts_chunked():
@@ -115,15 +124,18 @@ def test_whole_split_losses_and_stratification(tmp_path):
     n_windows = (len(val) - 1) // BLOCK
     assert len(losses) == len(targets) == n_windows * BLOCK
     assert np.array_equal(targets, val[1:n_windows * BLOCK + 1])
-    # the same mean loss as the model's own forward pass over the same windows, and independent of batching
+    # the same mean loss as the model's own forward pass over the same windows, and independent of
+    # batching
     with torch.no_grad():
         window_losses = []
         for s in eval_windows(len(val), BLOCK):
             w = torch.from_numpy(val[s:s + BLOCK + 1].astype(np.int64))
             window_losses.append(model(w[None, :-1], w[None, 1:])[1].item())
     assert losses.mean() == pytest.approx(np.mean(window_losses), abs=1e-5)
-    assert np.allclose(losses, ev.evaluate_tokens(model, val, batch_size=1, device="cpu")[0], atol=1e-5)
-    # every scored target falls in exactly one bucket; the bucket losses recombine into the overall loss
+    unbatched, _ = ev.evaluate_tokens(model, val, batch_size=1, device="cpu")
+    assert np.allclose(losses, unbatched, atol=1e-5)
+    # every scored target falls in exactly one bucket; the bucket losses recombine into the overall
+    # loss
     counts = counts_of(tmp_path / "data", meta["vocab_size"])
     stats = ev.bucket_stats(losses, targets, counts)
     assert sum(s["tokens"] for s in stats) == len(targets)
@@ -131,13 +143,16 @@ def test_whole_split_losses_and_stratification(tmp_path):
     by_hand = [0] * 6
     for t in targets:
         c = counts[t]
-        by_hand[0 if c == 0 else 1 if c <= 10 else 2 if c <= 100 else 3 if c <= 1000 else 4 if c <= 10000 else 5] += 1
+        bucket = (0 if c == 0 else 1 if c <= 10 else 2 if c <= 100 else 3 if c <= 1000
+                  else 4 if c <= 10000 else 5)
+        by_hand[bucket] += 1
     assert [s["tokens"] for s in stats] == by_hand
-    assert counts[meta["chars"].index("Q")] == 0 and stats[0]["tokens"] > 0  # 'Q' occurs only in val
-    assert sum(s["tokens"] * s["loss"] for s in stats if s["tokens"]) / len(targets) == pytest.approx(losses.mean())
+    assert counts[meta["chars"].index("Q")] == 0 and stats[0]["tokens"] > 0  # 'Q': only in val
+    recombined = sum(s["tokens"] * s["loss"] for s in stats if s["tokens"]) / len(targets)
+    assert recombined == pytest.approx(losses.mean())
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # token efficiency
 
 
@@ -148,7 +163,8 @@ def test_tokens_to_reach():
     assert ev.tokens_to_reach(curve, 4.5) == 0
     assert ev.tokens_to_reach(curve, 1.0) is None  # never reached
     # the first crossing counts, even if the loss rises again afterwards
-    assert ev.tokens_to_reach([(0, 4.0), (100, 2.0), (200, 3.0), (300, 2.2)], 2.2) == pytest.approx(90)
+    rises_again = [(0, 4.0), (100, 2.0), (200, 3.0), (300, 2.2)]
+    assert ev.tokens_to_reach(rises_again, 2.2) == pytest.approx(90)
 
 
 def test_token_efficiency_from_logs(tmp_path):
@@ -157,22 +173,24 @@ def test_token_efficiency_from_logs(tmp_path):
     make_run(tmp_path / "fast", meta, "lev", log=[(0, 4.0), (1000, 3.0), (2000, 1.0)])
     make_run(tmp_path / "slow", meta, "lev", log=[(0, 4.0), (1000, 3.5), (2000, 3.0)])
     make_run(tmp_path / "nolog", meta, "untied")
-    curves = [ev.read_curve(tmp_path / d) for d in ("base", "fast", "slow", "nolog")]
+    curves = [evaluation.read_curve(tmp_path / d) for d in ("base", "fast", "slow", "nolog")]
     assert curves[1] == [(0, 4.0), (1000, 3.0), (2000, 1.0)] and curves[3] is None
     target, rows = ev.token_efficiency(curves)
     assert target == 2.0
     assert rows[0] == {"final_val_loss": 2.0, "tokens_to_reach": 4000, "fewer_tokens": 1.0}
-    assert rows[1]["tokens_to_reach"] == pytest.approx(1500) and rows[1]["fewer_tokens"] == pytest.approx(4000 / 1500)
+    assert rows[1]["tokens_to_reach"] == pytest.approx(1500)
+    assert rows[1]["fewer_tokens"] == pytest.approx(4000 / 1500)
     assert rows[2] == {"final_val_loss": 3.0, "tokens_to_reach": None, "fewer_tokens": None}
     assert rows[3] == {"final_val_loss": None, "tokens_to_reach": None, "fewer_tokens": None}
-    assert ev.token_efficiency([None, curves[1]]) == (None, None)  # no baseline log: nothing to reach
+    # no baseline log: nothing to reach
+    assert ev.token_efficiency([None, curves[1]]) == (None, None)
     with open(tmp_path / "fast" / "log.jsonl", "a") as f:
         f.write('{"step": 3, "tokens": 30\n')
     with pytest.raises(ValueError, match=r"log.jsonl:4 "):
-        ev.read_curve(tmp_path / "fast")
+        evaluation.read_curve(tmp_path / "fast")
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # LAMBADA-style last words
 
 TEXT = ("ALICE:\nWe shall go to the market.\n\nBOB:\nThen I'll.\n\n\nCAROL:\nIn 1623.\n\n"
@@ -188,19 +206,22 @@ def test_lambada_passages_char():
         ("FRED:\nGood ", "night", "night"),
     ]
     # capped: evenly spaced over the qualifying passages, deterministic
-    assert [word for _, _, word in ev.lambada_passages(TEXT, tok, max_passages=2)] == ["market", "speak"]
+    two = ev.lambada_passages(TEXT, tok, max_passages=2)
+    assert [word for _, _, word in two] == ["market", "speak"]
     assert [word for _, _, word in ev.lambada_passages(TEXT, tok, max_passages=1)] == ["market"]
 
 
 def test_lambada_passages_bpe_moves_the_space_into_the_word():
-    # byte-level BPE with one merge, " s": "Hear me " ends in a lone space, "Hear me speak" in " s"+"peak"
+    # byte-level BPE with one merge, " s": "Hear me " ends in a lone space, "Hear me speak" in
+    # " s" + "peak"
     ranks = {bytes([i]): i for i in range(256)}
     ranks[b" s"] = 256
-    enc = tiktoken.Encoding(name="tiny", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""", mergeable_ranks=ranks,
-                            special_tokens={})
+    enc = tiktoken.Encoding(name="tiny", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
+                            mergeable_ranks=ranks, special_tokens={})
     tok = TiktokenTokenizer(enc)
     [(context, word_ids, word)] = ev.lambada_passages("DAVE:\nHear me speak.<|endoftext|>x", tok, 5)
-    assert (tok.decode(context), tok.decode(word_ids), word) == ("DAVE:\nHear me", " speak", "speak")
+    decoded = (tok.decode(context), tok.decode(word_ids), word)
+    assert decoded == ("DAVE:\nHear me", " speak", "speak")
     assert word_ids[0] == 256 and context + word_ids == tok.encode("DAVE:\nHear me speak")
 
 
@@ -209,10 +230,11 @@ def test_lambada_eval_matches_unpadded_passages(tmp_path):
     tok = CharTokenizer(chars)
     model = make_run(tmp_path / "run", {"vocab_size": len(chars)}, "untied")
     passages = ev.lambada_passages(TEXT, tok, 10)
-    passages.append((tok.encode("a long context " * 3), tok.encode("z" * BLOCK), "z" * BLOCK))  # too long: skipped
+    # too long: skipped
+    passages.append((tok.encode("a long context " * 3), tok.encode("z" * BLOCK), "z" * BLOCK))
     result = ev.lambada_eval(model, passages, batch_size=2, device="cpu")
     unbatched = ev.lambada_eval(model, passages, batch_size=1, device="cpu")
-    assert result == pytest.approx(unbatched, rel=1e-6)  # padding changes nothing but float rounding
+    assert result == pytest.approx(unbatched, rel=1e-6)  # padding changes nothing but rounding
     # the same figures from each passage alone: no padding, context cut to BLOCK - len(word) tokens
     correct, losses = 0, []
     with torch.no_grad():
@@ -222,30 +244,37 @@ def test_lambada_eval_matches_unpadded_passages(tmp_path):
             logits, _ = model(seq[None, :-1], seq[None, 1:])
             at = torch.arange(len(context) - 1, len(seq) - 1)
             correct += bool((logits[0, at].argmax(-1) == torch.tensor(word)).all())
-            losses += torch.nn.functional.cross_entropy(logits[0, at], torch.tensor(word), reduction="none").tolist()
+            word_losses = torch.nn.functional.cross_entropy(logits[0, at], torch.tensor(word),
+                                                            reduction="none")
+            losses += word_losses.tolist()
     assert result["passages"] == 3
     assert result["accuracy"] == pytest.approx(correct / 3)
     assert result["word_loss"] == pytest.approx(np.mean(losses), abs=1e-5)
     assert result["word_ppl"] == pytest.approx(math.exp(np.mean(losses)), rel=1e-5)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the command
 
 
 def test_end_to_end(tmp_path, run_cli, monkeypatch):
     meta = make_data(tmp_path / "data" / "tiny")
-    models = [make_run(tmp_path / "out-tied", meta, "tied", 0, [(0, 4.0), (1000, 3.0), (2000, 2.5), (4000, 2.0)]),
-              make_run(tmp_path / "out-lev", meta, "lev", 1, [(0, 4.0), (1000, 3.0), (2000, 1.0)]),
-              make_run(tmp_path / "out-lev-s2", meta, "lev", 2, [(0, 4.0), (1000, 3.5), (2000, 3.0)])]
-    monkeypatch.chdir(tmp_path)  # the data dir is found as data/<dataset> relative to the working directory
+    models = [
+        make_run(tmp_path / "out-tied", meta, "tied", 0,
+                 [(0, 4.0), (1000, 3.0), (2000, 2.5), (4000, 2.0)]),
+        make_run(tmp_path / "out-lev", meta, "lev", 1, [(0, 4.0), (1000, 3.0), (2000, 1.0)]),
+        make_run(tmp_path / "out-lev-s2", meta, "lev", 2, [(0, 4.0), (1000, 3.5), (2000, 3.0)])]
+    # the data dir is found as data/<dataset> relative to the working directory
+    monkeypatch.chdir(tmp_path)
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None  # an optional extra
     plot = ["--plot=res/compare.png"] if has_matplotlib else []
-    code, out, err = run_cli(ev.main, ["out-tied", "out-lev", "out-lev-s2", "--device=cpu", "--batch_size=5",
-                                       "--lambada_max=8", "--json=res/compare.json"] + plot)
+    code, out, err = run_cli(ev.main, ["out-tied", "out-lev", "out-lev-s2", "--device=cpu",
+                                       "--batch_size=5", "--lambada_max=8",
+                                       "--json=res/compare.json"] + plot)
     assert code == 0, err
     assert "| tied | " in out and "| lev (out-lev) | " in out and "| lev (out-lev-s2) | " in out
-    assert "| unseen | " in out and "never reached" in out and "2.67x" in out and "(baseline)" in out
+    assert "| unseen | " in out and "never reached" in out
+    assert "2.67x" in out and "(baseline)" in out
     assert "final val loss 2.0000" in out
 
     result = json.loads(Path("res/compare.json").read_text())
@@ -262,13 +291,15 @@ def test_end_to_end(tmp_path, run_cli, monkeypatch):
     assert result["baseline_final_val_loss"] == 2.0
     if has_matplotlib:
         assert Path("res/compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(os.listdir("res")) == ["compare.json"] + ["compare.png"] * has_matplotlib  # no temporary files
+    # no temporary files
+    assert sorted(os.listdir("res")) == ["compare.json"] + ["compare.png"] * has_matplotlib
     code, out, err = run_cli(ev.main, ["out-tied", "out-lev", "--lambada_max=0"])
     assert code == 0 and "## Token efficiency" in out and "Last-word" not in out
 
 
 def test_a_tokenizer_that_cannot_be_built_is_one_line(tmp_path, run_cli, monkeypatch):
-    """The last-word task needs the dataset's tokenizer (e.g. GPT-2 BPE files, offline); without it, one line."""
+    """The last-word task needs the dataset's tokenizer (e.g. GPT-2 BPE files, offline); without it,
+    one line."""
     meta = {**make_data(tmp_path / "data" / "tiny"), "tokenizer": "no_such_encoding", "chars": None}
     Path(tmp_path / "data" / "tiny" / "meta.json").write_text(json.dumps(meta))
     make_run(tmp_path / "a", meta, "tied")
@@ -281,16 +312,17 @@ def test_a_tokenizer_that_cannot_be_built_is_one_line(tmp_path, run_cli, monkeyp
 
 
 def test_labels():
-    assert ev.labels(["out-tied", "out-lev"], ["tied", "lev"]) == ["tied", "lev"]
-    assert ev.labels(["runs/out-lev", "out-lev-s2/", "out-tied"], ["lev", "lev", "tied"]) == [
-        "lev (out-lev)", "lev (out-lev-s2)", "tied"]
-    assert ev.labels(["a/out", "b/out"], ["lev", "lev"]) == ["lev (a/out)", "lev (b/out)"]  # same dir names
+    assert evaluation.labels(["out-tied", "out-lev"], ["tied", "lev"]) == ["tied", "lev"]
+    assert evaluation.labels(["runs/out-lev", "out-lev-s2/", "out-tied"], ["lev", "lev", "tied"]) \
+        == ["lev (out-lev)", "lev (out-lev-s2)", "tied"]
+    # the same dir names
+    assert evaluation.labels(["a/out", "b/out"], ["lev", "lev"]) == ["lev (a/out)", "lev (b/out)"]
 
 
 def test_refuses_mismatched_inputs(tmp_path, run_cli, monkeypatch):
     meta = make_data(tmp_path / "data" / "tiny")
     other_meta = make_data(tmp_path / "data" / "other", dataset="other")
-    make_data(tmp_path / "wrong" / "tiny", dataset="other")  # a folder named tiny that holds another dataset
+    make_data(tmp_path / "wrong" / "tiny", dataset="other")  # a folder tiny holding another dataset
     make_run(tmp_path / "a", meta, "tied")
     make_run(tmp_path / "b", other_meta, "lev")
     make_run(tmp_path / "c", {**meta, "tokenizer": "gpt2", "chars": None}, "lev")
@@ -312,10 +344,34 @@ def test_refuses_mismatched_inputs(tmp_path, run_cli, monkeypatch):
 
 
 def test_command_line(tmp_path, run_cli):
-    """--help documents the last-word rule; the script itself reports bad input in one line, exit code 2."""
+    """--help documents the last-word rule; the script reports bad input in one line, exit 2."""
     code, out, _ = run_cli(ev.main, ["--help"])
-    assert code == 0 and "teacher forcing" in out and "--lambada_max" in out and "DATA_DIR/<dataset" in out
-    bad = subprocess.run([sys.executable, str(ROOT / "eval.py"), "nowhere"], cwd=tmp_path, capture_output=True,
-                         text=True)
+    assert code == 0 and "teacher forcing" in out and "--lambada_max" in out
+    assert "DATA_DIR/<dataset" in out
+    bad = subprocess.run([sys.executable, str(ROOT / "eval.py"), "nowhere"], cwd=tmp_path,
+                         capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("eval.py: error: no checkpoint at nowhere")
     assert "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_plain_gives_the_figures_of_the_fast_path(tmp_path, run_cli, monkeypatch):
+    """--plain evaluates the models as leviathan.py writes them (LEV's recipe, no fast path): the same
+    figures, to float32 rounding."""
+    meta = make_data(tmp_path / "data" / "tiny")
+    make_run(tmp_path / "out-tied", meta, "tied", 0)
+    make_run(tmp_path / "out-lev", meta, "lev", 1)
+    monkeypatch.chdir(tmp_path)
+    calls, embed = [], FastEmbedder.__call__
+    monkeypatch.setattr(FastEmbedder, "__call__", lambda self, *a: calls.append(1) or embed(self, *a))
+    results, fast_calls = [], []
+    for extra in ([], ["--plain"]):
+        calls.clear()
+        code, out, err = run_cli(ev.main, ["out-tied", "out-lev", "--device=cpu", "--lambada_max=8",
+                                           f"--json=res{len(extra)}.json", *extra])
+        assert code == 0, err
+        results.append(json.loads(Path(f"res{len(extra)}.json").read_text()))
+        fast_calls.append(len(calls))
+    assert fast_calls[0] > 0 and fast_calls[1] == 0  # --plain never ran LEV's fast path
+    for fast, plain in zip(results[0]["arms"], results[1]["arms"], strict=True):
+        assert plain["val_loss"] == pytest.approx(fast["val_loss"], abs=1e-5)
+        assert plain["lambada"] == pytest.approx(fast["lambada"], abs=1e-4)

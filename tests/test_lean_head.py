@@ -1,4 +1,4 @@
-"""Tests of the memory-lean head (leviathan.py, section 5): linear_cross_entropy equals F.cross_entropy on full
+"""Tests of the memory-lean head (machinery/lean_head.py): linear_cross_entropy equals F.cross_entropy on full
 logits, in value and gradients (float64, both backward modes, every reduction, ignored targets, a weight tied to an
 embedding, bf16 autocast, CUDA when there is one), and GPT.forward with lean_head on equals it with lean_head off.
 Run:  python -m pytest -q tests/test_lean_head.py
@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import leviathan as lean_head  # the lean head's pieces, by the name of their section
-from leviathan import GPT, Config, default_chunk_size, linear_cross_entropy, set_runtime
+from leviathan import GPT, Config
+from machinery import lean_head
+from machinery.lean_head import default_chunk_size, linear_cross_entropy
+from machinery.runtime import set_runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

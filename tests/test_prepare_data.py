@@ -1,4 +1,5 @@
-"""prepare_data.py: the format it writes, the reading helpers, and its command line (all hermetic)."""
+"""prepare_data.py and its machinery (corpus, corpus_readers, corpus_bench, dataset): the format
+it writes, the reading helpers, and its command line (all hermetic)."""
 
 import gzip
 import hashlib
@@ -15,28 +16,31 @@ import tiktoken
 from conftest import ROOT, make_text
 
 import prepare_data
+from machinery import corpus, corpus_bench, corpus_readers, dataset
 
 
 def read_both_splits(data_dir):
-    return prepare_data.load_split(data_dir, "train"), prepare_data.load_split(data_dir, "val")
+    return dataset.load_split(data_dir, "train"), dataset.load_split(data_dir, "val")
 
 
 def test_char_dataset_format_and_round_trip(tmp_path, text):
     data_dir = str(tmp_path / "chars")
-    meta = prepare_data.prepare(text, "char", data_dir, "chars", "synthetic.txt")
-    assert prepare_data.load_meta(data_dir) == meta
+    meta = corpus.prepare(text, "char", data_dir, "chars", "synthetic.txt")
+    assert dataset.load_meta(data_dir) == meta
     split_at = int(len(text) * 0.9)  # nanoGPT's split: 90% of the characters
-    today = {"dataset": "chars", "tokenizer": "char", "vocab_size": len(set(text)), "dtype": "uint16",
-             "train_tokens": split_at, "val_tokens": len(text) - split_at,
+    today = {"dataset": "chars", "tokenizer": "char", "vocab_size": len(set(text)),
+             "dtype": "uint16", "train_tokens": split_at, "val_tokens": len(text) - split_at,
              "chars": "".join(sorted(set(text))), "source": "synthetic.txt"}
     assert {key: meta[key] for key in today} == today  # the keys readers have always had, unchanged
-    data = text.encode("utf-8")  # and what a reader needs to trust the data: what went in, and how it was split
-    assert meta["inputs"] == [{"name": "synthetic.txt", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
-    assert (meta["split"]["by"], meta["eot_token"], meta["train_documents"], meta["val_documents"]) == \
-        ("characters", None, 1, 1)
+    # and what a reader needs to trust the data: what went in, and how it was split
+    data = text.encode("utf-8")
+    assert meta["inputs"] == [{"name": "synthetic.txt", "bytes": len(data),
+                               "sha256": hashlib.sha256(data).hexdigest()}]
+    assert (meta["split"]["by"], meta["eot_token"], meta["train_documents"],
+            meta["val_documents"]) == ("characters", None, 1, 1)
     train, val = read_both_splits(data_dir)
     assert train.dtype == np.uint16 and len(train) == split_at
-    tok = prepare_data.get_tokenizer(meta)
+    tok = dataset.get_tokenizer(meta)
     assert (tok.name, tok.vocab_size) == ("char", meta["vocab_size"])
     assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text
     assert tok.encode("the cat") == [meta["chars"].index(c) for c in "the cat"]
@@ -46,14 +50,14 @@ def test_char_dataset_format_and_round_trip(tmp_path, text):
 
 def test_tiktoken_dataset_from_an_in_process_encoding(tmp_path, text, tiny_encoding):
     data_dir = str(tmp_path / "bpe")
-    meta = prepare_data.prepare(text, tiny_encoding, data_dir, "bpe", "synthetic.txt")
+    meta = corpus.prepare(text, tiny_encoding, data_dir, "bpe", "synthetic.txt")
     assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == ("tiny", 256, "uint16")
     assert "chars" not in meta
     train, val = read_both_splits(data_dir)
     split_at = int(len(text) * 0.9)
     assert train.tolist() == tiny_encoding.encode_ordinary(text[:split_at])
     assert val.tolist() == tiny_encoding.encode_ordinary(text[split_at:])
-    tok = prepare_data.get_tokenizer(meta, encoding=tiny_encoding)
+    tok = dataset.get_tokenizer(meta, encoding=tiny_encoding)
     assert tok.decode(tok.encode("<|endoftext|> is text here")) == "<|endoftext|> is text here"
 
 
@@ -63,54 +67,57 @@ def test_large_vocabularies_are_stored_as_uint32(tmp_path, text):
                             mergeable_ranks={bytes([i]): 69_999 - i for i in range(256)},
                             special_tokens={"<|end|>": 70_000})  # n_vocab = 70,001
     data_dir = str(tmp_path / "big")
-    meta = prepare_data.prepare(text, big, data_dir, "big", "synthetic.txt")
+    meta = corpus.prepare(text, big, data_dir, "big", "synthetic.txt")
     assert (meta["vocab_size"], meta["dtype"]) == (70_001, "uint32")
     train, val = read_both_splits(data_dir)
     assert train.dtype == np.uint32 and int(train.min()) > 65_535
-    tok = prepare_data.get_tokenizer(meta, encoding=big)
+    tok = dataset.get_tokenizer(meta, encoding=big)
     assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text
 
 
 def test_reading_helpers_say_how_to_fix_a_missing_or_broken_dataset(tmp_path, text):
     with pytest.raises(FileNotFoundError, match=r"python prepare_data\.py shakespeare$"):
-        prepare_data.load_meta(str(tmp_path / "shakespeare"))
-    with pytest.raises(FileNotFoundError, match=r"python prepare_data\.py mine --input=path/to/text\.txt"):
-        prepare_data.load_split(str(tmp_path / "mine"), "train")
+        dataset.load_meta(str(tmp_path / "shakespeare"))
+    with pytest.raises(FileNotFoundError,
+                       match=r"python prepare_data\.py mine --input=path/to/text\.txt"):
+        dataset.load_split(str(tmp_path / "mine"), "train")
     data_dir = str(tmp_path / "mine")
-    prepare_data.prepare(text, "char", data_dir, "mine", "synthetic.txt")
+    corpus.prepare(text, "char", data_dir, "mine", "synthetic.txt")
     with open(os.path.join(data_dir, "val.bin"), "ab") as f:
         f.write(b"\0\0")  # one token too many: not what meta.json says
     with pytest.raises(ValueError, match=r"val\.bin is .* bytes, meta\.json expects"):
-        prepare_data.load_split(data_dir, "val")
-    meta = prepare_data.load_meta(data_dir)
+        dataset.load_split(data_dir, "val")
+    meta = dataset.load_meta(data_dir)
     with open(os.path.join(data_dir, "meta.json"), "w") as f:
         json.dump({"tokenizer": "char"}, f)
-    with pytest.raises(ValueError, match="lacks vocab_size, dtype, train_tokens, val_tokens; prepare"):
-        prepare_data.load_meta(data_dir)
+    with pytest.raises(ValueError,
+                       match="lacks vocab_size, dtype, train_tokens, val_tokens; prepare"):
+        dataset.load_meta(data_dir)
     meta["vocab_size"] += 1
     with pytest.raises(ValueError, match="prepare the dataset again"):
-        prepare_data.get_tokenizer(meta)
+        dataset.get_tokenizer(meta)
 
 
 def test_eval_windows():
-    assert prepare_data.eval_windows(101, 10).tolist() == list(range(0, 100, 10))  # 10 windows, 100 targets
-    assert prepare_data.eval_windows(100, 10).tolist() == list(range(0, 90, 10))  # the last target is missing
-    assert prepare_data.eval_windows(1001, 10, max_windows=4).tolist() == [0, 250, 500, 750]  # evenly spaced
-    assert prepare_data.eval_windows(101, 10, max_windows=50).tolist() == list(range(0, 100, 10))
+    # 10 windows, 100 targets; then the last target missing; then evenly spaced
+    assert dataset.eval_windows(101, 10).tolist() == list(range(0, 100, 10))
+    assert dataset.eval_windows(100, 10).tolist() == list(range(0, 90, 10))
+    assert dataset.eval_windows(1001, 10, max_windows=4).tolist() == [0, 250, 500, 750]
+    assert dataset.eval_windows(101, 10, max_windows=50).tolist() == list(range(0, 100, 10))
     with pytest.raises(ValueError, match="too short"):
-        prepare_data.eval_windows(10, 10)
+        dataset.eval_windows(10, 10)
 
 
 def test_unavailable_tiktoken_encodings_give_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="unknown tokenizer 'nope'.*o200k_base"):
-        prepare_data.load_encoding("nope")
+        dataset.load_encoding("nope")
 
     def offline(name):
         raise ConnectionError("no network")
 
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
     with pytest.raises(ValueError, match="'o200k_base' could not be loaded.*TIKTOKEN_CACHE_DIR"):
-        prepare_data.load_encoding("o200k_base")
+        dataset.load_encoding("o200k_base")
 
 
 def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, run_cli, monkeypatch):
@@ -124,9 +131,11 @@ def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, run_cli, mo
     not_utf8 = tmp_path / "latin1.txt"
     not_utf8.write_bytes("café\n".encode("latin-1") * 100)
     cases = [
-        (["shakespeare", data], "--input=path/to/input.txt"),  # offline: says how to pass a local file
+        # offline: says how to pass a local file
+        (["shakespeare", data], "--input=path/to/input.txt"),
         (["mine", data], "unknown dataset 'mine'"),
-        (["shakespeare", data, f"--input={not_shakespeare}"], "expected 86c4e6aa"),  # the sha256 is checked
+        # the sha256 is checked
+        (["shakespeare", data, f"--input={not_shakespeare}"], "expected 86c4e6aa"),
         (["mine", data, f"--input={tmp_path / 'missing.txt'}"], "no such file"),
         (["mine", data, f"--input={not_utf8}"], "not UTF-8"),
         (["mine", data, f"--input={not_shakespeare}", "--tokenizer=nope"], "unknown tokenizer"),
@@ -142,18 +151,38 @@ def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, run_cli, mo
 def test_command_line_prepares_a_local_file(tmp_path, text):
     """The script as a user runs it: a text file in, the counts nanoGPT prints out."""
     (tmp_path / "my.txt").write_text(text, encoding="utf-8")
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "prepare_data.py"), "my", "--input=my.txt",
-                             "--tokenizer=char"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "prepare_data.py"), "my",
+                             "--input=my.txt", "--tokenizer=char"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     split_at = int(len(text) * 0.9)
     assert f"train has {split_at:,} tokens" in result.stdout
     assert f"val has {len(text) - split_at:,} tokens" in result.stdout
     meta = json.loads((tmp_path / "data" / "my" / "meta.json").read_text())
     assert (meta["train_tokens"], meta["source"]) == (split_at, "my.txt")
-    assert sorted(os.listdir(tmp_path / "data" / "my")) == ["meta.json", "train.bin", "val.bin"]  # no temp files
+    # no temp files
+    assert sorted(os.listdir(tmp_path / "data" / "my")) == ["meta.json", "train.bin", "val.bin"]
 
 
-# ----------------------------------------------------------------------------------------------------------
+def test_preparing_data_loads_no_torch(tmp_path, text):
+    """Issue 21: data preparation needs numpy and tiktoken only, as in nanoGPT. Every process the
+    command starts (the main one and its --workers) logs its imports (PYTHONPROFILEIMPORTTIME, which
+    the spawned workers inherit): none may import torch, not even indirectly."""
+    (tmp_path / "my.txt").write_text(text, encoding="utf-8")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "prepare_data.py"), "my",
+                             "--input=my.txt", "--tokenizer=char", "--workers=2"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env=os.environ | {"PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 0, result.stderr
+    imported = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line]
+    # the log covers the main process and the workers that tokenized (at least one did; a second one
+    # may be stopped before it has started, when the first has done all the work)
+    assert imported.count("machinery.corpus") >= 2
+    assert [name for name in imported if name.split(".")[0] == "torch"] == []
+
+
+# --------------------------------------------------------------------------------------------------
 # Corpora: directories, globs, .jsonl, .gz, Parquet; streaming, workers, atomicity, errors
 
 
@@ -161,15 +190,17 @@ def test_command_line_prepares_a_local_file(tmp_path, text):
 def eot_encoding(tiny_encoding):
     """The tiny byte-level encoding plus an <|endoftext|> (id 256) to separate documents."""
     return tiktoken.Encoding(name="tiny_eot", pat_str=tiny_encoding._pat_str,
-                             mergeable_ranks=tiny_encoding._mergeable_ranks, special_tokens={"<|endoftext|>": 256})
+                             mergeable_ranks=tiny_encoding._mergeable_ranks,
+                             special_tokens={"<|endoftext|>": 256})
 
 
 @pytest.fixture
 def use_encoding(monkeypatch):
-    """use_encoding(enc): the command line's --tokenizer=<enc.name> gets this in-process encoding."""
+    """use_encoding(enc): the command line's --tokenizer=<enc.name> gets this in-process
+    encoding."""
     def use(encoding):
-        load_encoding = prepare_data.load_encoding
-        monkeypatch.setattr(prepare_data, "load_encoding",
+        load_encoding = dataset.load_encoding
+        monkeypatch.setattr(corpus, "load_encoding",
                             lambda name: encoding if name == encoding.name else load_encoding(name))
     return use
 
@@ -180,11 +211,11 @@ def documents_of(n, seed=0):
 
 
 def expected_splits(documents, encoding):
-    """What a corpus of these documents, in this order, must give: each document's tokens and the separator, in
-    train or val as its index decides."""
+    """What a corpus of these documents, in this order, must give: each document's tokens and the
+    separator, in train or val as its index decides."""
     splits = {"train": [], "val": []}
     for i, doc in enumerate(documents):
-        split = "val" if prepare_data.is_val_document([i])[0] else "train"
+        split = "val" if corpus.is_val_document([i])[0] else "train"
         splits[split] += encoding.encode_ordinary(doc) + [encoding.eot_token]
     return splits
 
@@ -195,69 +226,82 @@ def write_jsonl(path, texts, field="text", opener=open):
 
 
 def test_safe_cuts_tokenize_like_the_whole_text(monkeypatch):
-    """A text is tokenized in pieces (bounded memory); cut where safe_cut says, the pieces give exactly the tokens
-    of the whole, under the pre-tokenizing patterns of tiktoken's encodings and merges across spaces and lines."""
+    """A text is tokenized in pieces (bounded memory); cut where safe_cut says, the pieces give
+    exactly the tokens of the whole, under the pre-tokenizing patterns of tiktoken's encodings and
+    merges across spaces and lines."""
     from tiktoken_ext import openai_public
 
     ranks = {bytes([i]): i for i in range(256)}
-    for merge in [b"\n\n", b".\n", b" t", b"th", b"he", b" the", b"at", b" c", b" cat", b"  ", b"   ", b"\n\n\n",
-                  b"e.", b"12", b"123", b" 1", b"'s", b"\r\n", b" \n", b"s.", b"t\n", b"?\n"]:
+    for merge in [b"\n\n", b".\n", b" t", b"th", b"he", b" the", b"at", b" c", b" cat", b"  ",
+                  b"   ", b"\n\n\n", b"e.", b"12", b"123", b" 1", b"'s", b"\r\n", b" \n", b"s.",
+                  b"t\n", b"?\n"]:
         ranks[merge] = len(ranks)
-    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *args, **kwargs: ranks)  # only the patterns
-    monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", lambda *args, **kwargs: ranks)
-    messy = "".join(make_text(50, seed).replace(".", ["?\n\n", ". 123 ", "'s.\n  ", ".\r\n", "!  \n"][seed]) + " x1 "
-                    for seed in range(5))
+    # only the patterns are tiktoken's
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda *args, **kwargs: ranks)
+    monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks",
+                        lambda *args, **kwargs: ranks)
+    ends = ["?\n\n", ". 123 ", "'s.\n  ", ".\r\n", "!  \n"]
+    messy = "".join(make_text(50, seed).replace(".", ends[seed]) + " x1 " for seed in range(5))
     for spec in (openai_public.gpt2(), openai_public.cl100k_base(), openai_public.o200k_base()):
-        encoding = tiktoken.Encoding(name="t", pat_str=spec["pat_str"], mergeable_ranks=ranks, special_tokens={})
+        encoding = tiktoken.Encoding(name="t", pat_str=spec["pat_str"], mergeable_ranks=ranks,
+                                     special_tokens={})
         blocks = [messy[i:i + 7] for i in range(0, len(messy), 7)]
-        pieces = list(prepare_data.text_pieces(iter(blocks), piece_chars=20))
+        pieces = list(corpus_readers.text_pieces(iter(blocks), piece_chars=20))
         assert len(pieces) > 100 and "".join(p for p, _ in pieces) == messy
         assert [last for _, last in pieces] == [False] * (len(pieces) - 1) + [True]
-        assert sum((encoding.encode_ordinary(p) for p, _ in pieces), []) == encoding.encode_ordinary(messy)
+        tokens = sum((encoding.encode_ordinary(p) for p, _ in pieces), [])
+        assert tokens == encoding.encode_ordinary(messy)
 
 
-def test_one_text_file_streamed_in_small_pieces_gives_todays_tokens(tmp_path, text, tiny_encoding, monkeypatch):
-    """One text file: nanoGPT's split by characters, no separator, whatever the buffer size (.gz too)."""
-    monkeypatch.setattr(prepare_data, "READ_BYTES", 64)  # many blocks and pieces, cut across the split point
+def test_one_text_file_streamed_in_small_pieces_gives_todays_tokens(tmp_path, text, tiny_encoding,
+                                                                    monkeypatch):
+    """One text file: nanoGPT's split by characters, no separator, whatever the buffer size (.gz
+    too)."""
+    # many blocks and pieces, cut across the split point
+    monkeypatch.setattr(corpus_readers, "READ_BYTES", 64)
     split_at = int(len(text) * 0.9)
     for name, opener in (("one.txt", open), ("one.txt.gz", gzip.open)):
         with opener(tmp_path / name, "wt", encoding="utf-8") as f:
             f.write(text)
-        meta = prepare_data.prepare_files(str(tmp_path / name), tiny_encoding, str(tmp_path / name[:-4]), "one")
+        meta = corpus.prepare_files(str(tmp_path / name), tiny_encoding, str(tmp_path / name[:-4]),
+                                    "one")
         train, val = read_both_splits(str(tmp_path / name[:-4]))
         assert train.tolist() == tiny_encoding.encode_ordinary(text[:split_at])
         assert val.tolist() == tiny_encoding.encode_ordinary(text[split_at:])
-        assert meta["inputs"][0]["sha256"] == hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        sha256 = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        assert meta["inputs"][0]["sha256"] == sha256
 
 
 def test_a_directory_of_mixed_files(tmp_path, eot_encoding, use_encoding, run_cli):
-    """Text files, .jsonl, their .gz forms and Parquet (with pyarrow), recursively, in sorted order: the tokens
-    of each document and one <|endoftext|> after each, hidden and other files ignored."""
+    """Text files, .jsonl, their .gz forms and Parquet (with pyarrow), recursively, in sorted order:
+    the tokens of each document and one <|endoftext|> after each, hidden and other files ignored."""
     docs = documents_of(12)
     docs[4] += "A text may hold <|endoftext|>, which is text, not a separator."
-    corpus = tmp_path / "corpus"
-    (corpus / "sub" / ".git").mkdir(parents=True)
-    (corpus / "a.txt").write_text(docs[0], encoding="utf-8")
-    with gzip.open(corpus / "b.txt.gz", "wt", encoding="utf-8") as f:
+    folder = tmp_path / "corpus"
+    (folder / "sub" / ".git").mkdir(parents=True)
+    (folder / "a.txt").write_text(docs[0], encoding="utf-8")
+    with gzip.open(folder / "b.txt.gz", "wt", encoding="utf-8") as f:
         f.write(docs[1])
-    (corpus / "notes.md").write_text("not a corpus file")
-    (corpus / ".hidden.txt").write_text("hidden")
-    (corpus / "sub" / ".git" / "c.txt").write_text("hidden too")
-    (corpus / "sub" / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n\n" for t in docs[2:6]) +
-                                            json.dumps({"text": ""}) + "\n")  # blank lines and an empty text: skipped
-    write_jsonl(corpus / "sub" / "d.jsonl.gz", docs[6:9], opener=gzip.open)
-    (corpus / "sub" / "e_empty.txt").write_text("")
+    (folder / "notes.md").write_text("not a corpus file")
+    (folder / ".hidden.txt").write_text("hidden")
+    (folder / "sub" / ".git" / "c.txt").write_text("hidden too")
+    # blank lines and an empty text: skipped
+    records = "".join(json.dumps({"text": t}) + "\n\n" for t in docs[2:6])
+    (folder / "sub" / "c.jsonl").write_text(records + json.dumps({"text": ""}) + "\n")
+    write_jsonl(folder / "sub" / "d.jsonl.gz", docs[6:9], opener=gzip.open)
+    (folder / "sub" / "e_empty.txt").write_text("")
     expected_docs = docs[:9]
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"text": docs[9:12], "n": [1, 2, 3]}), corpus / "sub" / "f.parquet")
+        pq.write_table(pa.table({"text": docs[9:12], "n": [1, 2, 3]}), folder / "sub" / "f.parquet")
         expected_docs = docs
     except ImportError:
         pass
     use_encoding(eot_encoding)
-    code, out, err = run_cli(prepare_data.main, ["mixed", f"--input={corpus}", "--tokenizer=tiny_eot", "--workers=2",
+    code, out, err = run_cli(prepare_data.main, ["mixed", f"--input={folder}",
+                                                 "--tokenizer=tiny_eot", "--workers=2",
                                                  f"--data_dir={tmp_path / 'data'}"])
     assert code == 0, err
     assert err == ""  # no progress lines in a short run
@@ -265,12 +309,14 @@ def test_a_directory_of_mixed_files(tmp_path, eot_encoding, use_encoding, run_cl
     train, val = read_both_splits(data_dir)
     expected = expected_splits(expected_docs, eot_encoding)
     assert train.tolist() == expected["train"] and val.tolist() == expected["val"] and len(val) > 0
-    meta = prepare_data.load_meta(data_dir)
-    assert (meta["eot_token"], meta["split"]["by"], meta["train_documents"] + meta["val_documents"]) == \
-        (256, "documents", len(expected_docs))
-    names = [os.path.relpath(record["name"], corpus) for record in meta["inputs"]]
-    assert names == ["a.txt", "b.txt.gz", "sub/c.jsonl", "sub/d.jsonl.gz", "sub/e_empty.txt", "sub/f.parquet"][
-        :len(names)] and len(names) >= 5
+    meta = dataset.load_meta(data_dir)
+    n_documents = meta["train_documents"] + meta["val_documents"]
+    assert (meta["eot_token"], meta["split"]["by"], n_documents) == (256, "documents",
+                                                                     len(expected_docs))
+    names = [os.path.relpath(record["name"], folder) for record in meta["inputs"]]
+    all_names = ["a.txt", "b.txt.gz", "sub/c.jsonl", "sub/d.jsonl.gz", "sub/e_empty.txt",
+                 "sub/f.parquet"]
+    assert names == all_names[:len(names)] and len(names) >= 5
     for record in meta["inputs"]:
         data = open(record["name"], "rb").read()
         assert (record["bytes"], record["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
@@ -280,25 +326,30 @@ def test_a_directory_of_mixed_files(tmp_path, eot_encoding, use_encoding, run_cl
 def test_split_is_by_whole_documents_fixed_and_seeded(tmp_path, eot_encoding):
     docs = documents_of(400)
     write_jsonl(tmp_path / "docs.jsonl", docs)
-    meta = prepare_data.prepare_files(str(tmp_path / "docs.jsonl"), eot_encoding, str(tmp_path / "d"), "d")
+    meta = corpus.prepare_files(str(tmp_path / "docs.jsonl"), eot_encoding, str(tmp_path / "d"),
+                                "d")
     train, val = read_both_splits(str(tmp_path / "d"))
     val_docs = eot_encoding.decode(val.tolist()).split("<|endoftext|>")
-    assert val_docs[-1] == "" and set(val_docs[:-1]) <= set(docs)  # whole documents, never a cut one
-    assert 0.05 < meta["val_documents"] / len(docs) < 0.15 and meta["val_documents"] == len(val_docs) - 1
+    # whole documents, never a cut one
+    assert val_docs[-1] == "" and set(val_docs[:-1]) <= set(docs)
+    assert 0.05 < meta["val_documents"] / len(docs) < 0.15
+    assert meta["val_documents"] == len(val_docs) - 1
     assert meta["split"] == {"by": "documents", "val_fraction": 0.1, "seed": 1337}
-    # which documents go to val is fixed: a change of the rule would silently change every corpus's val split
-    assert np.flatnonzero(prepare_data.is_val_document(np.arange(40))).tolist() == [6, 18, 20, 22, 27, 28]
+    # which documents go to val is fixed: a change of the rule would silently change every corpus's
+    # val split
+    assert np.flatnonzero(corpus.is_val_document(np.arange(40))).tolist() == [6, 18, 20, 22, 27, 28]
 
 
 def test_one_and_several_workers_write_identical_files(tmp_path, eot_encoding, text, monkeypatch):
-    monkeypatch.setattr(prepare_data, "READ_BYTES", 256)  # many work items in flight
+    monkeypatch.setattr(corpus_readers, "READ_BYTES", 256)  # many work items in flight
     write_jsonl(tmp_path / "a.jsonl", documents_of(60))
     (tmp_path / "b.txt").write_text(text * 3, encoding="utf-8")  # one document in many pieces
     write_jsonl(tmp_path / "c.jsonl", documents_of(40, seed=7))
     files = {}
     for workers in (1, 3):
         out_dir = tmp_path / f"w{workers}"
-        prepare_data.prepare_files(str(tmp_path / "*.*"), eot_encoding, str(out_dir), "w", workers=workers)
+        corpus.prepare_files(str(tmp_path / "*.*"), eot_encoding, str(out_dir), "w",
+                             workers=workers)
         files[workers] = [(out_dir / name).read_bytes() for name in ("train.bin", "val.bin")]
     assert files[1] == files[3] and len(files[1][0]) > 2 * len(text) * 3
 
@@ -306,21 +357,24 @@ def test_one_and_several_workers_write_identical_files(tmp_path, eot_encoding, t
 def test_vocabularies_past_65536_give_uint32_corpora(tmp_path):
     big = tiktoken.Encoding(name="big", pat_str=r""" ?\w+| ?[^\s\w]+|\s+""",
                             mergeable_ranks={bytes([i]): 69_999 - i for i in range(256)},
-                            special_tokens={"<|endoftext|>": 70_000})  # o200k_base's 200,019 ids are uint32 too
+                            special_tokens={"<|endoftext|>": 70_000})
+    # (o200k_base's 200,019 ids are uint32 too)
     write_jsonl(tmp_path / "docs.jsonl", documents_of(20))
-    meta = prepare_data.prepare_files(str(tmp_path / "docs.jsonl"), big, str(tmp_path / "big"), "big")
+    meta = corpus.prepare_files(str(tmp_path / "docs.jsonl"), big, str(tmp_path / "big"), "big")
     train, _ = read_both_splits(str(tmp_path / "big"))
     assert (meta["dtype"], train.dtype, int(train.max())) == ("uint32", np.uint32, 70_000)
 
 
-def test_an_interrupted_or_failed_preparation_leaves_the_old_dataset(tmp_path, eot_encoding, monkeypatch):
+def test_an_interrupted_or_failed_preparation_leaves_the_old_dataset(tmp_path, eot_encoding,
+                                                                     monkeypatch):
     data = tmp_path / "data"
     write_jsonl(tmp_path / "docs.jsonl", documents_of(50))
-    prepare_data.prepare_files(str(tmp_path / "docs.jsonl"), eot_encoding, str(data / "d"), "d")
+    corpus.prepare_files(str(tmp_path / "docs.jsonl"), eot_encoding, str(data / "d"), "d")
     old = {name: (data / "d" / name).read_bytes() for name in ("train.bin", "val.bin", "meta.json")}
-    (data / ".d.tmp999999999").mkdir()  # a killed run's folder (no such process): removed by the next run
+    # a killed run's folder (no such process): removed by the next run
+    (data / ".d.tmp999999999").mkdir()
     calls = []
-    tokenize_item = prepare_data.tokenize_item
+    tokenize_item = corpus.tokenize_item
 
     def interrupted(item):
         calls.append(item)
@@ -328,61 +382,73 @@ def test_an_interrupted_or_failed_preparation_leaves_the_old_dataset(tmp_path, e
             raise KeyboardInterrupt  # Ctrl-C in the middle of the corpus
         return tokenize_item(item)
 
-    monkeypatch.setattr(prepare_data, "READ_BYTES", 512)
-    monkeypatch.setattr(prepare_data, "tokenize_item", interrupted)
+    monkeypatch.setattr(corpus_readers, "READ_BYTES", 512)
+    monkeypatch.setattr(corpus, "tokenize_item", interrupted)
     write_jsonl(tmp_path / "more.jsonl", documents_of(80, seed=3))
     with pytest.raises(KeyboardInterrupt):
-        prepare_data.prepare_files(str(tmp_path / "more.jsonl"), eot_encoding, str(data / "d"), "d")
+        corpus.prepare_files(str(tmp_path / "more.jsonl"), eot_encoding, str(data / "d"), "d")
     assert len(calls) == 3
     assert {name: (data / "d" / name).read_bytes() for name in old} == old
     assert sorted(os.listdir(data)) == ["d"]  # no temporary folder left, the stale one removed
     with open(tmp_path / "more.jsonl", "a") as f:
         f.write('{"text": "fine"}\n{"txt": "the last line is bad"}\n')
-    monkeypatch.setattr(prepare_data, "tokenize_item", tokenize_item)
+    monkeypatch.setattr(corpus, "tokenize_item", tokenize_item)
     with pytest.raises(ValueError, match=r"more\.jsonl, line 82: no 'text' field"):
-        prepare_data.prepare_files(str(tmp_path / "more.jsonl"), eot_encoding, str(data / "d"), "d")
-    assert {name: (data / "d" / name).read_bytes() for name in old} == old and sorted(os.listdir(data)) == ["d"]
-    prepare_data.prepare_files(str(tmp_path / "docs.jsonl"), eot_encoding, str(data / "e"), "e")
-    assert sorted(os.listdir(data / "e")) == ["meta.json", "train.bin", "val.bin"]  # a new dataset: one rename
+        corpus.prepare_files(str(tmp_path / "more.jsonl"), eot_encoding, str(data / "d"), "d")
+    assert {name: (data / "d" / name).read_bytes() for name in old} == old
+    assert sorted(os.listdir(data)) == ["d"]
+    corpus.prepare_files(str(tmp_path / "docs.jsonl"), eot_encoding, str(data / "e"), "e")
+    # a new dataset: one rename
+    assert sorted(os.listdir(data / "e")) == ["meta.json", "train.bin", "val.bin"]
 
 
-def test_bad_corpus_inputs_give_one_line_errors_naming_file_and_line(tmp_path, eot_encoding, use_encoding, run_cli):
+def test_bad_corpus_inputs_give_one_line_errors_naming_file_and_line(tmp_path, eot_encoding,
+                                                                     use_encoding, run_cli):
     use_encoding(eot_encoding)
     good = [json.dumps({"text": t}) for t in documents_of(20)]
 
-    def corpus(name, files):
+    def folder_of(name, files):
         folder = tmp_path / name
         folder.mkdir()
         for file_name, content in files.items():
             (folder / file_name).write_bytes(content)
         return folder
 
-    broken = corpus("broken_link", {"a.jsonl": "\n".join(good).encode()})
+    def lines(records):
+        return "\n".join(records).encode()
+
+    broken = folder_of("broken_link", {"a.jsonl": lines(good)})
     os.symlink(tmp_path / "nowhere.txt", broken / "b.txt")
-    corrupt_gz = gzip.compress("\n".join(good).encode())
+    corrupt_gz = gzip.compress(lines(good))
     cases = [
         (broken, r"cannot read .*broken_link/b\.txt"),
-        (corpus("no_field", {"a.jsonl": "\n".join(good[:5] + ['{"body": "x"}'] + good).encode()}),
-         r"no_field/a\.jsonl, line 6: no 'text' field \(found: body\); choose the field with --text_field"),
-        (corpus("bad_json", {"a.jsonl": "\n".join(good[:3] + ['{"text": "unterminated'] + good).encode()}),
+        (folder_of("no_field", {"a.jsonl": lines(good[:5] + ['{"body": "x"}'] + good)}),
+         r"no_field/a\.jsonl, line 6: no 'text' field \(found: body\); choose the field with "
+         r"--text_field"),
+        (folder_of("bad_json", {"a.jsonl": lines(good[:3] + ['{"text": "unterminated'] + good)}),
          r"bad_json/a\.jsonl, line 4: not valid JSON"),
-        (corpus("not_text", {"a.jsonl": "\n".join(good[:2] + ['{"text": 7}']).encode()}),
+        (folder_of("not_text", {"a.jsonl": lines(good[:2] + ['{"text": 7}'])}),
          r"not_text/a\.jsonl, line 3: field 'text' is int, not text"),
-        (corpus("corrupt_gz", {"a.jsonl.gz": corrupt_gz[:len(corrupt_gz) // 2]}),
+        (folder_of("corrupt_gz", {"a.jsonl.gz": corrupt_gz[:len(corrupt_gz) // 2]}),
          r"corrupt_gz/a\.jsonl\.gz: corrupt or truncated gzip data"),
-        (corpus("not_gz", {"a.txt.gz": b"plain text, not gzip"}), r"not_gz/a\.txt\.gz: corrupt or truncated gzip"),
-        (corpus("latin1", {"a.jsonl": "\n".join(good).encode(), "b.txt": "line one\ncaf\xe9\n".encode("latin-1")}),
+        (folder_of("not_gz", {"a.txt.gz": b"plain text, not gzip"}),
+         r"not_gz/a\.txt\.gz: corrupt or truncated gzip"),
+        (folder_of("latin1", {"a.jsonl": lines(good),
+                              "b.txt": "line one\ncaf\xe9\n".encode("latin-1")}),
          r"latin1/b\.txt, line 2: not UTF-8 text \(byte 12: b'\\xe9\\n'\)"),
-        (corpus("latin1_jsonl", {"a.jsonl": ('{"text": "ok"}\n{"text": "caf\xe9"}\n').encode("latin-1")}),
+        (folder_of("latin1_jsonl",
+                   {"a.jsonl": ('{"text": "ok"}\n{"text": "caf\xe9"}\n').encode("latin-1")}),
          r"latin1_jsonl/a\.jsonl, line 2: not UTF-8"),
-        (corpus("few", {"a.jsonl": b'{"text": "one"}\n{"text": "two"}\n'}),
-         r"too short: 2 documents \(val takes a fixed ~10% of them\) gave 0 val tokens.*use more documents$"),
-        (corpus("empty", {"notes.md": b"x"}), r"holds no \.txt, \.txt\.gz, \.jsonl"),
+        (folder_of("few", {"a.jsonl": b'{"text": "one"}\n{"text": "two"}\n'}),
+         r"too short: 2 documents \(val takes a fixed ~10% of them\) gave 0 val tokens.*"
+         r"use more documents$"),
+        (folder_of("empty", {"notes.md": b"x"}), r"holds no \.txt, \.txt\.gz, \.jsonl"),
         (tmp_path / "*.nothing", r"matches no files"),
     ]
     for spec, message in cases:
-        code, _, err = run_cli(prepare_data.main, ["d", f"--input={spec}", "--tokenizer=tiny_eot", "--workers=1",
-                                                   f"--data_dir={tmp_path / 'data'}"])
+        argv = ["d", f"--input={spec}", "--tokenizer=tiny_eot", "--workers=1",
+                f"--data_dir={tmp_path / 'data'}"]
+        code, _, err = run_cli(prepare_data.main, argv)
         assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (spec, err)
         assert re.search(message, err), (message, err)
     assert not (tmp_path / "data" / "d").exists() and os.listdir(tmp_path / "data") == []
@@ -390,16 +456,21 @@ def test_bad_corpus_inputs_give_one_line_errors_naming_file_and_line(tmp_path, e
 
 def test_unusable_inputs_and_tokenizers_are_refused(tmp_path, tiny_encoding, use_encoding, run_cli):
     use_encoding(tiny_encoding)
-    (tmp_path / "abc.txt").write_text("abc")  # 3 characters: 2 train tokens, 1 val token, no window to score
+    # 3 characters: 2 train tokens, 1 val token, no window to score
+    (tmp_path / "abc.txt").write_text("abc")
     write_jsonl(tmp_path / "docs.jsonl", documents_of(20))
     data = f"--data_dir={tmp_path / 'data'}"
     cases = [
-        (["abc", f"--input={tmp_path / 'abc.txt'}", "--tokenizer=char"], r"too short: one text gave 1 val tokens"),
+        (["abc", f"--input={tmp_path / 'abc.txt'}", "--tokenizer=char"],
+         r"too short: one text gave 1 val tokens"),
         (["abc", f"--input={tmp_path / 'abc.txt'}", "--tokenizer="], r"--tokenizer is empty"),
-        (["d", f"--input={tmp_path / 'docs.jsonl'}", "--tokenizer=char"], r"--tokenizer=char prepares one text"),
-        (["d", f"--input={tmp_path / 'docs.jsonl'}", "--tokenizer=tiny"], r"'tiny' has no <\|endoftext\|>"),
+        (["d", f"--input={tmp_path / 'docs.jsonl'}", "--tokenizer=char"],
+         r"--tokenizer=char prepares one text"),
+        (["d", f"--input={tmp_path / 'docs.jsonl'}", "--tokenizer=tiny"],
+         r"'tiny' has no <\|endoftext\|>"),
         (["d", f"--input={tmp_path / 'docs.jsonl'}", "--workers=0"], r"--workers=0"),
-        (["shakespeare", f"--input={tmp_path}"], r"must be a local copy of the dataset's one text file"),
+        (["shakespeare", f"--input={tmp_path}"],
+         r"must be a local copy of the dataset's one text file"),
     ]
     for argv, message in cases:
         code, _, err = run_cli(prepare_data.main, argv + [data])
@@ -414,39 +485,40 @@ def test_parquet_errors(tmp_path, eot_encoding):
 
     pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "a.parquet")
     with pytest.raises(ValueError, match=r"a\.parquet: no column 'text' \(its columns: body\)"):
-        prepare_data.prepare_files(str(tmp_path / "a.parquet"), eot_encoding, str(tmp_path / "d"), "d")
+        corpus.prepare_files(str(tmp_path / "a.parquet"), eot_encoding, str(tmp_path / "d"), "d")
     pq.write_table(pa.table({"text": ["a", None]}), tmp_path / "b.parquet")
     with pytest.raises(ValueError, match=r"b\.parquet, row 2: 'text' is null"):
-        prepare_data.prepare_files(str(tmp_path / "b.parquet"), eot_encoding, str(tmp_path / "d"), "d")
+        corpus.prepare_files(str(tmp_path / "b.parquet"), eot_encoding, str(tmp_path / "d"), "d")
     (tmp_path / "c.parquet").write_bytes(b"not parquet")
     with pytest.raises(ValueError, match=r"c\.parquet: not a readable Parquet file"):
-        prepare_data.prepare_files(str(tmp_path / "c.parquet"), eot_encoding, str(tmp_path / "d"), "d")
+        corpus.prepare_files(str(tmp_path / "c.parquet"), eot_encoding, str(tmp_path / "d"), "d")
 
 
 def test_progress_lines_on_stderr(tmp_path, eot_encoding, monkeypatch, capsys):
-    monkeypatch.setattr(prepare_data, "PROGRESS_INTERVAL_S", 0.0)  # every work item, instead of every 2 s
-    monkeypatch.setattr(prepare_data, "READ_BYTES", 1024)
+    monkeypatch.setattr(corpus, "PROGRESS_INTERVAL_S", 0.0)  # every work item, instead of every 2 s
+    monkeypatch.setattr(corpus_readers, "READ_BYTES", 1024)
     write_jsonl(tmp_path / "docs.jsonl", documents_of(100))
-    prepare_data.prepare_files(str(tmp_path / "docs.jsonl"), eot_encoding, str(tmp_path / "d"), "d",
+    corpus.prepare_files(str(tmp_path / "docs.jsonl"), eot_encoding, str(tmp_path / "d"), "d",
                                show_progress=True)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) > 3
-    assert re.fullmatch(r"tokenizing: [\d.]+ of [\d.]+ MB read \(\d+%\), [\d,]+ documents read, [\d,]+ tokens "
+    assert re.fullmatch(r"tokenizing: [\d.]+ of [\d.]+ MB read \(\d+%\), [\d,]+ documents read, "
+                        r"[\d,]+ tokens "
                         r"written, [\d.]+ MB/s, ETA \d\d:\d\d:\d\d", lines[-1]), lines[-1]
 
 
 def test_work_in_flight_is_bounded(eot_encoding):
-    """Memory stays bounded: the input is read at most 2 tasks per worker ahead of the results (Pool.imap would
-    read all of it ahead)."""
+    """Memory stays bounded: the input is read at most 2 tasks per worker ahead of the results
+    (Pool.imap would read all of it ahead)."""
     read = []
 
     def items():
         for i in range(40):
             read.append(i)
-            yield prepare_data.WorkItem("text", f"Document {i}.", "mem.txt", 0, True, None)
+            yield corpus_readers.WorkItem("text", f"Document {i}.", "mem.txt", 0, True, None)
 
-    worker_args = (prepare_data.TiktokenTokenizer(eot_encoding), 256, np.dtype(np.uint16), "text")
-    results = prepare_data.tokenized_in_order(items(), worker_args, 2, stats := {})
+    worker_args = (dataset.TiktokenTokenizer(eot_encoding), 256, np.dtype(np.uint16), "text")
+    results = corpus.tokenized_in_order(items(), worker_args, 2, stats := {})
     for done, (_, (tokens, _, _)) in enumerate(results, start=1):
         assert len(read) <= done + 4
         assert eot_encoding.decode(tokens.tolist()) == f"Document {done - 1}.<|endoftext|>"
@@ -454,11 +526,12 @@ def test_work_in_flight_is_bounded(eot_encoding):
 
 
 def test_bench_prints_its_table(eot_encoding, capsys):
-    prepare_data.bench([1, 2], eot_encoding, workers=1)
+    corpus_bench.bench([1, 2], eot_encoding, workers=1)
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert len(rows) == 5 and "tiny_eot" in rows[0]
     assert rows[1].startswith("| tiktoken encode_ordinary, 1 thread | 1 |")
     assert rows[3].startswith("| prepare_data.py, 1 workers | 1 |")
     assert rows[4].startswith("| prepare_data.py, 1 workers | 2 |")
-    assert re.search(r"\| \d+ / - \|$", rows[3])  # the main process's peak memory; no workers with 1
+    # the main process's peak memory; no workers with 1
+    assert re.search(r"\| \d+ / - \|$", rows[3])

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import common
 import leviathan
-import prepare_data
 import sample
+from machinery import checkpoints, dataset, decoder
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -24,7 +23,7 @@ BPE_META = {"dataset": "tiny", "tokenizer": "tiny", "vocab_size": 256, "dtype": 
 BLOCK = 24
 
 
-def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev", version=common.CHECKPOINT_VERSION):
+def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev", version=checkpoints.CHECKPOINT_VERSION):
     """Write out_dir/ckpt.pt for a tiny random model, as train.py would; return the model."""
     torch.manual_seed(0)
     config = leviathan.Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=2, n_head=2, n_embd=32,
@@ -94,11 +93,11 @@ def test_no_lev_cache_computes_every_step_afresh(char_ckpt, capsys, monkeypatch)
 
 def test_no_kv_cache_feeds_the_whole_context_at_every_step(char_ckpt, capsys, monkeypatch):
     fed = []
-    forward, step = leviathan.GPT.forward, leviathan.Decoder.step
-    monkeypatch.setattr(leviathan.GPT, "forward", lambda self, idx, targets=None, cache=None: fed.append(
-        (idx.shape[1], cache is not None and cache.kv is not None)) or forward(self, idx, targets, cache=cache))
-    monkeypatch.setattr(leviathan.Decoder, "step", lambda self, idx, cache: fed.append(
-        ("decoder", idx.shape[1])) or step(self, idx, cache))
+    backbone, step = leviathan.GPT.backbone, decoder.Decoder.step
+    monkeypatch.setattr(leviathan.GPT, "backbone", lambda self, x, kv_cache=None: fed.append(
+        (x.shape[1], kv_cache is not None)) or backbone(self, x, kv_cache))
+    monkeypatch.setattr(decoder.Decoder, "step", lambda self, x, kv: fed.append(
+        ("decoder", x.shape[1])) or step(self, x, kv))
     flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=5"]
     run(char_ckpt, *flags)
     assert fed == [(2, True)] + [("decoder", 1)] * 4  # the prompt, then only the newest token
@@ -130,26 +129,26 @@ def test_streamed_stdout_equals_returned_texts_token_by_token(char_ckpt, capsys,
 
 
 def test_stream_text_holds_back_incomplete_utf8_characters(tiny_encoding):
-    tok = prepare_data.TiktokenTokenizer(tiny_encoding)  # byte-level: multi-byte characters span several ids
+    tok = dataset.TiktokenTokenizer(tiny_encoding)  # byte-level: multi-byte characters span several ids
     ids = tok.encode("hé😀") + [0xFF, 0xC3]  # ... then an invalid byte and a cut-off character
-    pieces = list(sample.stream_text(tok, iter(ids)))
+    pieces = list(dataset.stream_text(tok, iter(ids)))
     assert pieces == ["h", "é", "😀", "\ufffd\ufffd"]
     assert "".join(pieces) == tok.decode(ids)
-    assert list(sample.stream_text(tok, iter([]))) == []
+    assert list(dataset.stream_text(tok, iter([]))) == []
 
 
 def test_bpe_checkpoint_streams_exactly_the_decoded_text(tmp_path, capsys, monkeypatch, tiny_encoding):
     """A byte-level model splits multi-byte characters across tokens at random; the printed text must still
     be exactly the decoding of all sampled ids."""
     model = make_checkpoint(tmp_path / "out", BPE_META)
-    get_tokenizer = prepare_data.get_tokenizer  # a name-only meta cannot reach an unregistered encoding: inject it
-    monkeypatch.setattr(prepare_data, "get_tokenizer", lambda meta: get_tokenizer(meta, encoding=tiny_encoding))
+    get_tokenizer = dataset.get_tokenizer  # a name-only meta cannot reach an unregistered encoding: inject it
+    monkeypatch.setattr(dataset, "get_tokenizer", lambda meta: get_tokenizer(meta, encoding=tiny_encoding))
     prompt = "naïve café 😀"
     texts = run(tmp_path / "out", f"--start={prompt}", "--num_samples=2", "--max_new_tokens=30", "--seed=7",
                 "--temperature=1.0")
     assert capsys.readouterr().out == "".join(f"{t}\n{sample.SEPARATOR}\n" for t in texts)
     torch.manual_seed(7)
-    tok = prepare_data.TiktokenTokenizer(tiny_encoding)
+    tok = dataset.TiktokenTokenizer(tiny_encoding)
     x = torch.tensor([tok.encode(prompt)])
     for text in texts:
         new_ids = model.generate(x, 30, temperature=1.0, top_k=200)[0, x.shape[1]:].tolist()
@@ -228,3 +227,28 @@ def test_cli_streams_samples_and_reports_speed_then_fails_cleanly(char_ckpt):
     assert "40 tokens in" in summary and "tokens/s" in summary and "kv_cache=off, lev_cache=on" in summary
     bad = subprocess.run([*cmd, "--top_p=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("embedding", ["lev", "tied"])
+def test_plain_runs_the_model_as_written_and_samples_the_same(tmp_path, embedding, capsys, monkeypatch):
+    """--plain: none of the fast paths (a model whose code was edited samples what its code says), and
+    the same greedy text as with them."""
+    make_checkpoint(tmp_path / "out", embedding=embedding)
+    flags = ["--start=To be", "--num_samples=1", f"--max_new_tokens={2 * BLOCK}", "--temperature=0"]
+    fast = run(tmp_path / "out", *flags)
+    assert "fast_paths=on" in capsys.readouterr().err
+    steps = []
+    step = decoder.DecodeSession.__call__
+    monkeypatch.setattr(decoder.DecodeSession, "__call__",
+                        lambda self, *a: steps.append(1) or step(self, *a))
+    assert run(tmp_path / "out", *flags, "--plain") == fast
+    assert steps == []  # the fast decoder never ran
+    err = capsys.readouterr().err
+    assert "fast_paths=off" in err and ("lev_cache=off" in err) == (embedding == "lev")
+
+
+def test_plain_and_compile_are_refused_together(char_ckpt, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(char_ckpt, "--plain", "--compile")
+    assert exit_info.value.code == 2
+    assert "--compile is a fast path, and --plain runs none" in capsys.readouterr().err

@@ -14,11 +14,11 @@ import pytest
 import torch
 from conftest import ROOT, spoil_training_loss
 
-import common
 import eval as ev
 import leviathan
-import prepare_data
 import train
+from leviathan import GPT, Config
+from machinery import checkpoints, corpus, dataset, grad_stats, runs, settings
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16", "--lev_heads=2",
         "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
@@ -49,7 +49,8 @@ def weights(out):
 
 
 def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
-    """A few steps of Leviathan on a BPE dataset, as a user runs it (data/ and out-*/ relative to the cwd)."""
+    """A few steps of Leviathan on a BPE dataset, as a user runs it (data/ and out-*/ relative to
+    the cwd)."""
     result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--dataset=tiny_bpe", *TINY,
                              "--max_iters=4", "--eval_interval=2", "--lev_compile=False"],  # eager, as in-process
                             cwd=tmp_path, capture_output=True, text=True, timeout=120,
@@ -68,7 +69,7 @@ def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
     assert records[0]["lr"] > 0 and records[0]["embedding"] == "lev"
     assert records[-1]["val_loss"] < records[0]["val_loss"]
 
-    model, ckpt = common.load_checkpoint(str(out))  # loads with weights_only=True
+    model, ckpt = checkpoints.load_checkpoint(str(out), GPT, Config)  # loads with weights_only=True
     assert ckpt["step"] == 4 and ckpt["tokens_seen"] == 4 * 4 * 16
     assert ckpt["meta"]["tokenizer"] == "tiny" and ckpt["model_config"]["vocab_size"] == 256
     assert ckpt["best_val_loss"] == min(r["val_loss"] for r in records)
@@ -79,8 +80,8 @@ def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
 
 
 def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monkeypatch):
-    """20 steps == 10 + resume 10 == interrupted by Ctrl-C at step 3 + resume: same losses, same weights
-    (dropout on, so the torch RNG state must be restored too, not only the data order)."""
+    """20 steps == 10 + resume 10 == interrupted by Ctrl-C at step 3 + resume: same losses, same
+    weights (dropout on, so the torch RNG state must be restored too, not only the data order)."""
     run = ["--dropout=0.1", "--eval_interval=4", "--lr_decay_iters=8", "--max_iters=8"]
     assert run_train(capsys, char_data, tmp_path / "straight", *run)[0] == 0
 
@@ -108,7 +109,8 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
     expected = losses(tmp_path / "straight")
     assert [r[0] for r in expected] == [0, 4, 8]
     assert losses(tmp_path / "split") == expected
-    # the gradient diagnostics restart empty at a resume: none at the step resumed from, then those of the same steps
+    # the gradient diagnostics restart empty at a resume: none at the step resumed from, then those
+    # of the same steps
     straight, split = read_log(tmp_path / "straight"), read_log(tmp_path / "split")
     assert split[1]["grad_norm"] is None and straight[1]["grad_norm"] is not None
     assert [split[2][k] for k in GRAD_KEYS] == [straight[2][k] for k in GRAD_KEYS]
@@ -120,8 +122,9 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
 
 
 def test_lev_lr_and_wd_scales_reach_the_optimizer(tmp_path, char_data, capsys):
-    """After a step, LEV's groups have lr = the schedule's lr * lev_lr_scale and weight_decay * lev_wd_scale; the
-    rest keep the schedule's lr and weight_decay. With the defaults, the two groups of before."""
+    """After a step, LEV's groups have lr = the schedule's lr * lev_lr_scale and weight_decay *
+    lev_wd_scale; the rest keep the schedule's lr and weight_decay. With the defaults, the two
+    groups of before."""
     code, _, err = run_train(capsys, char_data, tmp_path / "scaled", "--max_iters=2", "--eval_interval=2",
                              "--lev_lr_scale=0.5", "--lev_wd_scale=3", "--weight_decay=0.1")
     assert code == 0, err
@@ -139,8 +142,9 @@ def test_lev_lr_and_wd_scales_reach_the_optimizer(tmp_path, char_data, capsys):
 
 
 def test_resume_with_lev_scales_continues_exactly(tmp_path, char_data, capsys):
-    """A run with LEV's own groups resumes exactly (its groups are rebuilt from the checkpoint's settings); a run
-    of the default groups may be resumed with other scales: each parameter keeps its AdamW state."""
+    """A run with LEV's own groups resumes exactly (its groups are rebuilt from the checkpoint's
+    settings); a run of the default groups may be resumed with other scales: each parameter keeps
+    its AdamW state."""
     run = ["--eval_interval=2", "--lr_decay_iters=4", "--lev_lr_scale=0.5", "--lev_wd_scale=2"]
     assert run_train(capsys, char_data, tmp_path / "straight", *run, "--max_iters=4")[0] == 0
     assert run_train(capsys, char_data, tmp_path / "split", *run, "--max_iters=2")[0] == 0
@@ -163,8 +167,9 @@ GRAD_KEYS = ("grad_norm", "clip_fraction", "grad_norms")
 
 
 def test_gradient_diagnostics_in_the_log(tmp_path, char_data, capsys):
-    """Each record after step 0 gives the mean gradient norm before clipping, the fraction of steps clipped and the
-    norm of each part; with one step per record the parts' norms make up the total exactly."""
+    """Each record after step 0 gives the mean gradient norm before clipping, the fraction of steps
+    clipped and the norm of each part; with one step per record the parts' norms make up the total
+    exactly."""
     code, out, err = run_train(capsys, char_data, tmp_path / "lev", "--max_iters=2", "--eval_interval=1")
     assert code == 0, err
     records = read_log(tmp_path / "lev")
@@ -198,16 +203,17 @@ def test_gradient_diagnostics_in_the_log(tmp_path, char_data, capsys):
 
 
 def test_grad_stats_leave_out_steps_the_grad_scaler_skipped():
-    """A float16 step with inf gradients changes nothing (the GradScaler skips it): not counted, nor called clipped."""
+    """A float16 step with inf gradients changes nothing (the GradScaler skips it): not counted, nor
+    called clipped."""
     torch.manual_seed(0)
     model = leviathan.GPT(leviathan.Config(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16,
                                            embedding="untied"))
     model(torch.randint(0, 20, (2, 8)), torch.randint(0, 20, (2, 8)))[1].backward()
-    stats = train.GradStats(model, grad_clip=1.0)
+    stats = grad_stats.GradStats(model, grad_clip=1.0)
     stats.measure_parts()
     stats.add(float("inf"), float("inf"))
     assert stats.record() == {"grad_norm": None, "clip_fraction": None, "grad_norms": None}
-    assert not train.clipped(float("inf"), 1.0) and not train.clipped(float("nan"), 1.0)
+    assert not grad_stats.clipped(float("inf"), 1.0) and not grad_stats.clipped(float("nan"), 1.0)
     stats.measure_parts()
     stats.add(0.5, 0.5)
     stats.measure_parts()
@@ -218,8 +224,9 @@ def test_grad_stats_leave_out_steps_the_grad_scaler_skipped():
 
 
 def test_clip_gradients_apart_clips_lev_and_the_rest_each_by_its_own_norm():
-    """lev_clip_apart: LEV's gradient and the rest's are each scaled to at most grad_clip by their own norm; the
-    total norm before clipping is returned either way, and the clip norm says whether anything was scaled."""
+    """lev_clip_apart: LEV's gradient and the rest's are each scaled to at most grad_clip by their
+    own norm; the total norm before clipping is returned either way, and the clip norm says whether
+    anything was scaled."""
     def model_with_grads():
         torch.manual_seed(0)
         model = leviathan.GPT(leviathan.Config(vocab_size=30, block_size=8, n_layer=1, n_head=2, n_embd=16,
@@ -238,8 +245,8 @@ def test_clip_gradients_apart_clips_lev_and_the_rest_each_by_its_own_norm():
     rest = lambda m: [p for n, p in m.named_parameters() if not n.startswith("tok_emb.")]  # noqa: E731
     lev_before, rest_before = norm(lev_params(apart)), norm(rest(apart))
     assert lev_before > 1.0 > rest_before  # so that only LEV's part is clipped apart
-    total_joint, clip_joint = train.clip_gradients(joint, 1.0, lev_apart=False)
-    total_apart, clip_apart = train.clip_gradients(apart, 1.0, lev_apart=True)
+    total_joint, clip_joint = grad_stats.clip_gradients(joint, 1.0, lev_apart=False)
+    total_apart, clip_apart = grad_stats.clip_gradients(apart, 1.0, lev_apart=True)
     expected_total = (lev_before ** 2 + rest_before ** 2) ** 0.5
     assert total_joint.item() == pytest.approx(expected_total, rel=1e-5) == total_apart.item()
     assert clip_joint.item() == total_joint.item() and clip_apart.item() == pytest.approx(lev_before, rel=1e-5)
@@ -247,30 +254,53 @@ def test_clip_gradients_apart_clips_lev_and_the_rest_each_by_its_own_norm():
     assert norm(rest(joint)) == pytest.approx(rest_before / expected_total, rel=1e-4)
     assert norm(lev_params(apart)) == pytest.approx(1.0, rel=1e-4)
     assert norm(rest(apart)) == pytest.approx(rest_before, rel=1e-6)
-    assert train.clipped(clip_apart.item(), 1.0) and not train.clipped(clip_apart.item(), 0.0)
+    assert grad_stats.clipped(clip_apart.item(), 1.0)
+    assert not grad_stats.clipped(clip_apart.item(), 0.0)
 
 
 def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsys):
-    """A checkpoint written before a run setting existed (here lev_chunk) resumes with that setting's default."""
-    assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
+    """A checkpoint written before a run setting existed (here lev_chunk and lev_fast) resumes with
+    that setting's default."""
+    run = ["--eval_interval=2", "--lev_chunk=8", "--lev_fast=False"]
+    assert run_train(capsys, char_data, tmp_path / "old", *run, "--max_iters=2")[0] == 0
     path = tmp_path / "old" / "ckpt.pt"
     ckpt = torch.load(path, weights_only=True)
-    del ckpt["train_config"]["lev_chunk"]
+    assert (ckpt["train_config"]["lev_chunk"], ckpt["train_config"]["lev_fast"]) == (8, False)
+    del ckpt["train_config"]["lev_chunk"], ckpt["train_config"]["lev_fast"]
     torch.save(ckpt, path)
-    code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--max_iters=4")
+    code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume",
+                               "--max_iters=4")
     assert code == 0 and "resuming at step 2" in out, err
+    resumed = torch.load(path, weights_only=True)["train_config"]
+    assert (resumed["lev_chunk"], resumed["lev_fast"]) == (64, True)
+
+
+def test_lev_fast_off_trains_the_same_function(tmp_path, char_data, capsys):
+    """--lev_fast=False runs LEV's recipe as leviathan.py writes it: the same losses as the fast
+    path (in float32, up to rounding), and a run setting that a resume keeps."""
+    run = ["--max_iters=2", "--eval_interval=1", "--lev_compile=False"]
+    assert run_train(capsys, char_data, tmp_path / "fast", *run)[0] == 0
+    code, _, err = run_train(capsys, char_data, tmp_path / "plain", *run, "--lev_fast=False")
+    assert code == 0, err
+    for plain, fast in zip(losses(tmp_path / "plain"), losses(tmp_path / "fast"), strict=True):
+        assert plain == pytest.approx(fast, rel=1e-4)
+    code, _, err = run_train(capsys, char_data, tmp_path / "plain", "--init_from=resume",
+                             "--max_iters=3")
+    assert code == 0, err
+    ckpt = torch.load(tmp_path / "plain" / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 3 and ckpt["train_config"]["lev_fast"] is False
 
 
 def test_a_checkpoint_older_than_a_model_setting_loads_and_resumes(tmp_path, char_data, capsys):
-    """A checkpoint written before a Config field existed (here lev_out_init_std) gets the value its model was
-    made with (0.02, not today's default): it loads, resumes, and a flag that asks for another value is refused
-    as for any model setting."""
+    """A checkpoint written before a Config field existed (here lev_out_init_std) gets the value its
+    model was made with (0.02, not today's default): it loads, resumes, and a flag that asks for
+    another value is refused as for any model setting."""
     assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
     path = tmp_path / "old" / "ckpt.pt"
     ckpt = torch.load(path, weights_only=True)
     del ckpt["model_config"]["lev_out_init_std"]
     torch.save(ckpt, path)
-    model, _ = common.load_checkpoint(path)
+    model, _ = checkpoints.load_checkpoint(path, GPT, Config)
     assert model.config.lev_out_init_std == 0.02
     code, _, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--lev_out_init_std=0.1")
     assert code == 2 and "has lev_out_init_std=0.02, this run asks for 0.1" in err
@@ -280,19 +310,19 @@ def test_a_checkpoint_older_than_a_model_setting_loads_and_resumes(tmp_path, cha
 
 
 def test_a_version_1_checkpoint_resumes_with_the_same_function(tmp_path, char_data, capsys):
-    """Version 1 (old setting names, `head`, lev_chunk/lev_compile in the model config, the plain basis) migrates
-    on load: same weights, the plain basis kept, and training continues."""
+    """Version 1 (old setting names, `head`, lev_chunk/lev_compile in the model config, the plain
+    basis) migrates on load: same weights, the plain basis kept, and training continues."""
     assert run_train(capsys, char_data, tmp_path / "v1", "--max_iters=2", "--eval_interval=2",
                      "--lev_normalize_basis=False")[0] == 0
     path = tmp_path / "v1" / "ckpt.pt"
     v2 = torch.load(path, weights_only=True)
-    old_names = {new: old for old, new in common.V1_RENAMES.items()}
+    old_names = {new: old for old, new in checkpoints.V1_RENAMES.items()}
     v1 = dict(v2, version=1, model={("head.weight" if k == "lm_head.weight" else k): t for k, t in v2["model"].items()})
     v1["model_config"] = {old_names.get(k, k): v for k, v in v2["model_config"].items() if k != "lev_normalize_basis"}
     v1["model_config"].update(lev_chunk=64, lev_compile=True)
     v1["train_config"] = {old_names.get(k, k): v for k, v in v2["train_config"].items() if k != "lev_normalize_basis"}
     torch.save(v1, path)
-    model, ckpt = common.load_checkpoint(path)
+    model, ckpt = checkpoints.load_checkpoint(path, GPT, Config)
     assert ckpt["model_config"]["lev_normalize_basis"] is False and ckpt["model_config"]["lev_heads"] == 2
     assert all(torch.equal(model.state_dict()[k], t) for k, t in v2["model"].items())
     code, out, err = run_train(capsys, char_data, tmp_path / "v1", "--init_from=resume", "--max_iters=4")
@@ -300,7 +330,8 @@ def test_a_version_1_checkpoint_resumes_with_the_same_function(tmp_path, char_da
 
 
 def test_every_arm_draws_the_same_batches(tmp_path, char_data, capsys, monkeypatch):
-    """The data order depends on the seed only, not on the model (whose init consumes different randomness)."""
+    """The data order depends on the seed only, not on the model (whose init consumes different
+    randomness)."""
     get_batch = train.get_batch
     seen = []
 
@@ -322,8 +353,8 @@ def test_every_arm_draws_the_same_batches(tmp_path, char_data, capsys, monkeypat
 
 
 def test_two_ddp_processes_match_one_process(tmp_path, char_data, capsys):
-    """torch.distributed.run with 2 CPU processes (gloo), each doing one of 2 micro-steps, trains like one
-    process doing both: the same global batches, the same averaged gradients."""
+    """torch.distributed.run with 2 CPU processes (gloo), each doing one of 2 micro-steps, trains
+    like one process doing both: the same global batches, the same averaged gradients."""
     run = ["--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2"]
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              os.path.join(ROOT, "train.py"), f"--data_dir={char_data}", "--dataset=tiny_char",
@@ -375,16 +406,19 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
 
 
 def test_settings_files_then_flags_and_the_shipped_configs():
-    cpu, explicit = train.parse_args([os.path.join(ROOT, "config", "shakespeare_cpu.py"), "--embedding=tied",
-                                      "--compile", "--learning_rate=3e-4"])
+    def parse_args(argv):
+        return settings.parse_args(argv, train.SETTINGS, train.CHOICES, "train.py")
+
+    cpu, explicit = parse_args([os.path.join(ROOT, "config", "shakespeare_cpu.py"), "--embedding=tied",
+                                "--compile", "--learning_rate=3e-4"])
     assert (cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"]) == (4, 4, 128, 128, 16)
     assert (cpu["embedding"], cpu["compile"], cpu["learning_rate"], cpu["eval_iters"]) == ("tied", True, 3e-4, 0)
     assert cpu["lev_seed_dim"] == leviathan.Config.lev_seed_dim and "lev_seed_dim" not in explicit  # from Config
-    train.check_settings(cpu)
-    gpu, _ = train.parse_args([os.path.join(ROOT, "config", "shakespeare_gpu.py")])
+    runs.check_settings(cpu, train.MODEL, Config)
+    gpu, _ = parse_args([os.path.join(ROOT, "config", "shakespeare_gpu.py")])
     assert (gpu["n_layer"], gpu["n_head"], gpu["n_embd"], gpu["block_size"]) == (6, 6, 384, 256)
     assert (gpu["dtype"], gpu["compile"], gpu["device"]) == ("bfloat16", True, "cuda")
-    train.check_settings(gpu)
+    runs.check_settings(gpu, train.MODEL, Config)
 
 
 def test_learning_rate_schedule():
@@ -402,17 +436,19 @@ def test_help_lists_every_setting(capsys):
     assert "ckpt.pt" in text and "Ctrl-C" in text
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Fine-tuning: --init_from=PATH
 
 
 @pytest.fixture
 def two_bpe_datasets(tmp_path, tiny_encoding):
-    """Two datasets of different texts, one tokenizer: "a" (the text of conftest) and "b" (another text)."""
+    """Two datasets of different texts, one tokenizer: "a" (the text of conftest) and "b" (another
+    text)."""
     from conftest import make_text
 
     for name, seed in (("a", 0), ("b", 1)):
-        prepare_data.prepare(make_text(seed=seed), tiny_encoding, str(tmp_path / "data" / name), name, "synthetic")
+        corpus.prepare(make_text(seed=seed), tiny_encoding, str(tmp_path / "data" / name), name,
+                       "synthetic")
     return tmp_path / "data"
 
 
@@ -426,9 +462,10 @@ def test_fine_tuning_starts_from_the_source_weights(tmp_path, two_bpe_datasets, 
                                "--eval_interval=2", "--eval_iters=0", dataset="b")
     assert code == 0, err
     assert f"fine-tuning {tmp_path / 'src' / 'ckpt.pt'} (step 6, dataset a)" in out
-    # step 0 of the new run scores the source model on the new data: the same number eval.py computes
-    source, _ = common.load_checkpoint(tmp_path / "src")
-    val = prepare_data.load_split(str(data / "b"), "val")
+    # step 0 of the new run scores the source model on the new data: the same number eval.py
+    # computes
+    source, _ = checkpoints.load_checkpoint(tmp_path / "src", GPT, Config)
+    val = dataset.load_split(str(data / "b"), "val")
     losses_b, _ = ev.evaluate_tokens(source, val, 4, "cpu")
     first = read_log(tmp_path / "ft")[0]
     assert first["step"] == 0 and first["val_loss"] == pytest.approx(float(losses_b.mean()), rel=1e-6)
@@ -487,7 +524,8 @@ def test_fine_tuning_refuses_another_tokenizer_and_bad_freezes(tmp_path, two_bpe
 
 
 def test_a_fine_tuning_run_is_named_after_the_source_arm(tmp_path, two_bpe_datasets, capsys, monkeypatch):
-    """out_dir's default, out-{dataset}-{embedding}, names the source's arm: the architecture comes first."""
+    """out_dir's default, out-{dataset}-{embedding}, names the source's arm: the architecture comes
+    first."""
     data = two_bpe_datasets
     assert run_train(capsys, data, tmp_path / "src", "--max_iters=0", "--embedding=tied", dataset="a")[0] == 0
     monkeypatch.chdir(tmp_path)

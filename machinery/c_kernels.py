@@ -1,0 +1,118 @@
+"""LEV's C kernels: SplineProduct's forward and backward as C loops for CPUs (lev_kernels.c, beside
+this file).
+
+Tested equal to LEV's recipe (leviathan.LEV.reference), values and gradients in float64
+(tests/test_fast_lev.py). The same two functions as fast_lev's torch kernels, in loops ordered for a
+CPU (docs/speed.md has the figures). Built once per machine with the system's C compiler into a
+cache folder and loaded with ctypes. Built with OpenMP, the library uses the OpenMP runtime torch
+has loaded, so torch's threads, as many as torch.get_num_threads(); without it (a compiler without
+OpenMP), one thread.
+"""
+
+import ctypes
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+C_SOURCE = Path(__file__).with_name("lev_kernels.c")
+C_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC")
+C_TYPES = {torch.float32: "f32", torch.float64: "f64"}
+_c_state = {}  # "library": the loaded library, or None where it could not be built (warned once)
+
+
+def c_library():
+    """lev_kernels.c as a ctypes library, built on first use (CC or cc; LEVIATHAN_CACHE or
+    ~/.cache/leviathan holds it, named by a hash of the source, the flags and the machine). None,
+    with one warning, where it cannot be built: LEV then runs torch's kernels."""
+    if "library" not in _c_state:
+        try:
+            _c_state["library"] = load_c_library(build_c_library())
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:  # RuntimeError: no home
+            _c_state["library"] = None
+            first_line = (getattr(error, "stderr", None) or str(error)).strip().splitlines() or [""]
+            warnings.warn(f"LEV: could not build its C kernels ({type(error).__name__}: "
+                          f"{first_line[0][:200]}); torch's kernels run instead, ~3x slower on CPU. "
+                          f"Install a C compiler (or set CC), or turn the C kernels off (train.py "
+                          f"--lev_c_kernels=False) to skip the attempt.", stacklevel=2)
+    return _c_state["library"]
+
+
+def build_c_library():
+    """Compile C_SOURCE, with OpenMP if the compiler has it, unless this machine's build is cached
+    -> the path of the shared library."""
+    compiler = shlex.split(os.environ.get("CC") or shutil.which("cc") or "gcc")  # CC: "ccache gcc"
+    source = C_SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(C_FLAGS).encode(), " ".join(compiler).encode(),
+                                     platform.node().encode(), platform.machine().encode()]))
+    cache = Path(os.environ.get("LEVIATHAN_CACHE") or Path.home() / ".cache" / "leviathan")
+    library = cache / f"lev_kernels-{key.hexdigest()[:16]}.so"
+    if not library.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a file
+            built = Path(tmp) / library.name
+            for openmp in (["-fopenmp"], []):
+                command = [*compiler, *C_FLAGS, *openmp, str(C_SOURCE), "-o", str(built), "-lm"]
+                result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+                if result.returncode == 0:
+                    break
+            if result.returncode != 0:
+                raise subprocess.CalledProcessError(result.returncode, command, result.stdout,
+                                                    result.stderr)
+            os.replace(built, library)
+    return library
+
+
+def load_c_library(path):
+    library = ctypes.CDLL(str(path))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for name in C_TYPES.values():
+        getattr(library, f"lev_forward_{name}").argtypes = [ptr] * 3 + [i64] * 5 + [ctypes.c_int] * 2
+        getattr(library, f"lev_backward_{name}").argtypes = [ptr] * 5 + [i64] * 5 + [ctypes.c_int] * 2
+    return library
+
+
+def c_spline_product(t, S_padded, normalize):
+    """SplineProduct's forward in C: t (U, h, d), S_padded (h*d, kappa + 2, r) -> M (U, h, r)."""
+    (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
+    check_c_operands(t, S_padded)
+    t, S_padded = t.contiguous(), S_padded.contiguous()
+    M = t.new_empty(U, h, r)
+    forward = getattr(c_library(), f"lev_forward_{C_TYPES[t.dtype]}")
+    forward(t.data_ptr(), S_padded.data_ptr(), M.data_ptr(), U, h, d, n_padded - 2, r, normalize,
+            torch.get_num_threads())
+    return M
+
+
+def c_spline_product_backward(t, S_padded, G, normalize):
+    """SplineProduct's backward in C, from G = dL/dM * M (U, h, r) -> dL/dt (U, h, d), dL/dS_padded."""
+    (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
+    check_c_operands(t, S_padded, G)
+    t, S_padded, G = t.contiguous(), S_padded.contiguous(), G.contiguous()
+    grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
+    backward = getattr(c_library(), f"lev_backward_{C_TYPES[t.dtype]}")
+    backward(t.data_ptr(), S_padded.data_ptr(), G.data_ptr(), grad_t.data_ptr(), grad_S.data_ptr(),
+             U, h, d, n_padded - 2, r, normalize, torch.get_num_threads())
+    return grad_t, grad_S
+
+
+def check_c_operands(t, S_padded, *others):
+    """The C kernels read raw memory: every operand on the CPU, in t's dtype (fp32 or fp64), in the
+    shapes of SplineProduct. (A t outside [0, 1], NaN included, reads nothing outside S: the kernels
+    clamp its knot index; SplineProduct gives non-finite t NaN modes before calling them.)"""
+    h, d = t.shape[1:]
+    operands = (t, S_padded, *others)
+    ok = (t.dtype in C_TYPES and all(x.device.type == "cpu" and x.dtype == t.dtype for x in operands)
+          and S_padded.dim() == 3 and S_padded.shape[0] == h * d and S_padded.shape[1] >= 3
+          and all(x.shape == (len(t), h, S_padded.shape[2]) for x in others))
+    if not ok:
+        raise ValueError(f"LEV's C kernels: operands of shapes {[tuple(x.shape) for x in operands]}, "
+                         f"dtypes {[x.dtype for x in operands]}; expected (U, h, d), (h*d, kappa+2, "
+                         f"r) and (U, h, r), all fp32 or all fp64 on the CPU")

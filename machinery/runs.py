@@ -1,0 +1,319 @@
+"""Setting up a train.py run: its settings' ranges, out_dir and checkpoint, processes and device,
+data, log.jsonl, the start report and the stop signals.
+
+train.py passes in what this needs of it: its settings table (machinery/settings.py), the model's
+part of the table (model_table) and the model's Config class. Nothing here imports the model file or
+the script.
+"""
+
+import contextlib
+import json
+import math
+import os
+import signal
+import string
+
+import torch
+
+from machinery import checkpoints, cli, dataset, devices
+from machinery.settings import SettingsError, set_setting
+
+PARTS = ("embedding", "backbone", "head")  # what --freeze can name
+DATA_SEED_OFFSET = 1_000_003  # the data order's seed is seed + this: a stream apart from the init's
+
+# --------------------------------------------------------------------------------------------------
+# The settings' ranges, the run's out_dir, and the checkpoint it resumes or fine-tunes
+
+
+def check_settings(s, model_table, Config):
+    """Ranges that a type alone does not say; the model's are checked by Config itself."""
+    def need(ok, msg):
+        if not ok:
+            raise SettingsError(msg)
+
+    for key, value in s.items():
+        need(not isinstance(value, float) or math.isfinite(value),
+             f"{key}={value} must be a finite number")
+    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval",
+                "lev_chunk"):
+        need(s[key] >= 1, f"{key}={s[key]} must be at least 1")
+    for key in ("max_iters", "eval_iters", "warmup_iters", "lr_decay_iters", "min_lr",
+                "weight_decay", "grad_clip"):
+        need(s[key] >= 0, f"{key}={s[key]} must be >= 0")
+    need(s["learning_rate"] > 0, f"learning_rate={s['learning_rate']} must be > 0")
+    need(s["lev_lr_scale"] > 0, f"lev_lr_scale={s['lev_lr_scale']} must be > 0")
+    need(s["lev_wd_scale"] >= 0, f"lev_wd_scale={s['lev_wd_scale']} must be >= 0")
+    for key, default in (("lev_lr_scale", 1), ("lev_wd_scale", 1), ("lev_clip_apart", False)):
+        need(s["embedding"] == "lev" or s[key] == default,  # refused rather than silently ignored
+             f"{key}={s[key]} applies to LEV, and --embedding={s['embedding']} has none; "
+             f"drop --{key}")
+    need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
+                                            f"{s['learning_rate']} (the decay goes down to min_lr)")
+    need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
+    need(0 <= s["seed"] < 2 ** 63 - DATA_SEED_OFFSET - 1024,
+         f"seed={s['seed']} must be in [0, 2^63 - 2^21)")
+    bad_parts = set(filter(None, s["freeze"].split(","))) - set(PARTS)
+    need(not bad_parts,
+         f"freeze={s['freeze']!r}: choose among {', '.join(PARTS)} (comma-separated)")
+    need(s["init_from"] != "",
+         "init_from is empty; use scratch, resume, or the path of a checkpoint to fine-tune")
+    need(os.path.basename(s["dataset"]) == s["dataset"] and s["dataset"] not in ("", ".", ".."),
+         f"dataset={s['dataset']!r} must be a folder name under data_dir (use --data_dir for "
+         f"another folder)")
+    try:  # the model's own checks, before any work
+        Config(vocab_size=2, **{key: s[key] for key in model_table})
+    except ValueError as e:
+        raise SettingsError(str(e).removeprefix("Config: ")) from None
+
+
+def resolve_run(s, explicit, table, choices, model_table, Config):
+    """Fill in out_dir, check it, and for a resumed run load the checkpoint and take its settings
+    (files and flags on top). Returns the checkpoint to resume or fine-tune (None for a scratch
+    run)."""
+    warmup, decay = s["warmup_iters"], s["lr_decay_iters"]
+    if s["init_from"] != "resume" and 0 < decay < warmup:  # a resume keeps its own schedule
+        raise SettingsError(f"warmup_iters={warmup} must not exceed lr_decay_iters={decay}")
+    # a fine-tuning run takes the source's architecture first: out_dir's {embedding} is the source's
+    fine_tuning = s["init_from"] not in ("scratch", "resume")
+    source = read_source(s, explicit, model_table, Config) if fine_tuning else None
+    format_out_dir(s, table)
+    cli.check_output_dir(s["out_dir"], "out_dir")
+    ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
+    if s["init_from"] != "resume":  # a new run: from scratch, or fine-tuning a checkpoint
+        held = [name for name in ("ckpt.pt", "log.jsonl")
+                if os.path.exists(os.path.join(s["out_dir"], name))]
+        if held and not s["overwrite"]:
+            raise SettingsError(f"{s['out_dir']} already holds a run ({' and '.join(held)}); "
+                                f"continue it with --init_from=resume, train into another "
+                                f"--out_dir, or pass --overwrite to replace it")
+        s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed now: a resume keeps it
+        if source is not None and (os.path.realpath(os.path.dirname(source["path"]))
+                                   == os.path.realpath(s["out_dir"])):
+            raise SettingsError(f"--init_from={s['init_from']} is this run's own out_dir; "
+                                f"fine-tune into another --out_dir (or continue that run with "
+                                f"--init_from=resume)")
+        return source
+    ckpt, _ = checkpoints.read_checkpoint(ckpt_path, "cpu", for_resume=True)
+    # the checkpoint's run settings (one newer than the checkpoint keeps its default), checked: a
+    # hand-edit could hold any type
+    for key, value in ckpt["train_config"].items():
+        if (key in table and key not in model_table and key not in explicit
+                and key not in ("out_dir", "init_from")):
+            set_setting(s, key, value, f"{ckpt_path} (train_config)", table, choices)
+    for key, value in saved_architecture(ckpt["model_config"], model_table).items():
+        if key in explicit and s[key] != value:  # the checkpoint's model; a flag may not change it
+            raise SettingsError(f"{ckpt_path} has {key}={value!r}, this run asks for {s[key]!r}; "
+                                f"a resumed run keeps its model (drop --{key}, or use another "
+                                f"out_dir)")
+        s[key] = value
+    check_settings(s, model_table, Config)
+    return ckpt
+
+
+def format_out_dir(s, table):
+    """out_dir's {name}s replaced by those settings, e.g. out-{dataset}-{embedding}: one folder per
+    arm, so that arms do not overwrite each other."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(s["out_dir"])
+                  if field is not None]
+        if any(field not in table for field in fields):  # no {dataset.upper} or {0}: plain names
+            raise KeyError(next(field for field in fields if field not in table))
+        s["out_dir"] = s["out_dir"].format(**s)
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise SettingsError(f"out_dir={s['out_dir']!r}: each {{...}} must name a setting, e.g. "
+                            f"{{embedding}} ({type(e).__name__}: {e})") from None
+
+
+def read_source(s, explicit, model_table, Config):
+    """The checkpoint a fine-tuning run starts from; its architecture becomes this run's (flags may
+    change dropout only)."""
+    source, path = checkpoints.read_checkpoint(s["init_from"], "cpu")
+    for key, value in saved_architecture(source["model_config"], model_table).items():
+        if key in explicit and s[key] != value and key != "dropout":
+            raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; "
+                                f"fine-tuning keeps the source's architecture (drop --{key})")
+        if key != "dropout" or key not in explicit:
+            s[key] = value
+    source["path"] = path
+    check_settings(s, model_table, Config)
+    return source
+
+
+def saved_architecture(model_config, model_table):
+    """A checkpoint's model settings (model_table's keys). A field added to Config after the
+    checkpoint was written is filled in by checkpoints.read_checkpoint with the value its model was
+    made with, when checkpoints.FIELDS_ADDED lists it; any other missing field gets its default,
+    which is also what Config(**model_config) gives the model."""
+    return {key: model_config.get(key, default) for key, (default, _) in model_table.items()}
+
+
+def check_same_tokens(meta, data, path, advice):
+    """The checkpoint at path (of the dataset meta) must have been trained on data's tokens."""
+    if not all(meta.get(k) == data.meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
+        raise SettingsError(f"{path} was trained on {describe_tokens(meta)}, but {data.dir} has "
+                            f"{describe_tokens(data.meta)}; {advice}")
+
+
+def describe_tokens(meta):
+    return f"{meta.get('tokenizer')} tokens (vocab_size {meta.get('vocab_size')})"
+
+
+def restore_rng(ckpt, data_generator, device, path):
+    """The data order's and torch's random states of a resumed run."""
+    try:
+        data_generator.set_state(ckpt["rng"]["data"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and "cuda" in ckpt["rng"]:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise SettingsError(f"{path}: its random states (rng) are unusable ({type(e).__name__}); "
+                            f"it was edited or damaged. Resume from an untouched "
+                            f"checkpoint") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Processes and device, data, frozen parts
+
+
+class Processes:
+    """This process's place in the run (under torchrun each process runs the script with RANK and
+    WORLD_SIZE set), its device and its autocast dtype."""
+
+    def __init__(self, s):
+        self.ddp = "RANK" in os.environ
+        ranks = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if self.ddp else (0, 1)
+        self.rank, self.world = ranks
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.master = self.rank == 0
+        device_name = devices.resolve_device(s["device"])  # a ValueError: reported as a bad setting
+        if self.ddp and device_name == "mps":
+            raise SettingsError("DDP (torchrun) runs on cuda (nccl) or cpu (gloo), not mps; use "
+                                "--device=cpu")
+        on_gpus = device_name == "cuda" and self.ddp
+        self.device = torch.device(f"cuda:{self.local_rank}" if on_gpus else device_name)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.dtype = devices.resolve_dtype(s["dtype"], self.device.type)
+        self.autocast = devices.autocast(self.device.type, self.dtype)
+        if s["gradient_accumulation_steps"] % self.world:
+            raise SettingsError(f"gradient_accumulation_steps={s['gradient_accumulation_steps']} "
+                                f"must be divisible by the number of processes ({self.world})")
+        self.local_accum = s["gradient_accumulation_steps"] // self.world
+
+    def log(self, *args, **kwargs):
+        if self.master:
+            print(*args, **kwargs)
+
+
+class Data:
+    """The dataset's splits and the fixed evaluation windows (the same for every arm)."""
+
+    def __init__(self, s):
+        self.dir = os.path.join(s["data_dir"], s["dataset"])
+        self.meta = dataset.load_meta(self.dir)
+        self.train = dataset.load_split(self.dir, "train")
+        self.val = dataset.load_split(self.dir, "val")
+        T, B = s["block_size"], s["batch_size"]
+        if len(self.train) <= T:
+            raise SettingsError(f"the train split of {self.dir} has {len(self.train)} tokens, too "
+                                f"few for block_size={T}; use a smaller block_size or more text")
+        # the train split's windows are as many as the val split's
+        self.val_starts = dataset.eval_windows(len(self.val), T, s["eval_iters"] * B or None)
+        self.train_starts = dataset.eval_windows(len(self.train), T, len(self.val_starts))
+
+
+def freeze(model, parts):
+    """Keep the named parts (PARTS) fixed: no gradient, not in the optimizer."""
+    head_params = {id(model.lm_head.weight)}
+    embedding_params = {id(p) for p in model.tok_emb.parameters()}
+    for p in model.parameters():
+        in_embedding, in_head = id(p) in embedding_params, id(p) in head_params
+        part = "embedding" if in_embedding else "head" if in_head else "backbone"
+        if part in parts or (in_embedding and in_head and "head" in parts):
+            p.requires_grad_(False)
+
+
+def all_finite(model):
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------------------------------
+# log.jsonl, the start report, progress lines and the stop signals
+
+
+def start_log(log_path, resuming, step):
+    """log.jsonl: a resumed run keeps the records before its step; a scratch run starts anew."""
+    records = read_log(log_path, step) if resuming else []
+    with cli.atomic_path(log_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def read_log(path, before_step):
+    """The records of log.jsonl for steps before `before_step` (a resumed run redoes the rest)."""
+    if not os.path.isfile(path):
+        return []
+    records = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                record = json.loads(line) if line.strip() else None
+                if record is not None and record["step"] < before_step:
+                    records.append(record)
+            except (ValueError, KeyError, TypeError):
+                raise SettingsError(f"{path}:{n} is not a log record; fix or delete that line, "
+                                    f"then resume") from None
+    return records
+
+
+def report_start(trainer, s):
+    """What the run trains on, with, where, and from which step (train.py's Trainer)."""
+    procs, data, report = trainer.procs, trainer.data, trainer.model.param_report()
+    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
+    procs.log(f"data: {data.dir}, {data.meta['tokenizer']} tokens, vocab "
+              f"{data.meta['vocab_size']:,}, train {len(data.train):,}, val {len(data.val):,} "
+              f"tokens ({len(data.val_starts)} eval windows per split)")
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    procs.log(f"model: {s['embedding']}, parameters: input embedding "
+              f"{report['input_embedding']:,}, backbone {report['backbone']:,}, head "
+              f"{report['head']:,}, total {report['total']:,}"
+              + (f", trainable {trainable:,} (frozen: {s['freeze']})" if s["freeze"] else ""))
+    if trainer.origin is not None:
+        procs.log(f"fine-tuning {trainer.origin['checkpoint']} (step {trainer.origin['step']}, "
+                  f"dataset {trainer.origin['dataset']}) with a fresh optimizer and schedule")
+    where = (f"resuming at step {trainer.step}" if s["init_from"] == "resume"
+             else f"writing {trainer.ckpt_path}")
+    procs.log(f"device {procs.device}, dtype {procs.dtype}, {procs.world} process(es), "
+              f"{tokens_per_step:,} tokens per step, {where}")
+    if s["init_from"] == "resume" and s["max_iters"] > s["lr_decay_iters"] > 0:
+        procs.log(f"note: the cosine decay ends at step {s['lr_decay_iters']} (lr_decay_iters, "
+                  f"kept from the checkpoint), then lr stays at min_lr; pass --lr_decay_iters to "
+                  f"change the schedule")
+
+
+def format_seconds(seconds):
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """Ctrl-C (SIGINT) or SIGTERM, while inside: noted in the list this yields (the training loop
+    finishes its step, saves and stops); a second Ctrl-C stops at once. The handlers of before come
+    back on leaving."""
+    stop_signal = []
+
+    def request_stop(signum, frame):
+        stop_signal.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous_handlers = {sig: signal.signal(sig, request_stop)
+                         for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop_signal
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,109 @@
+"""Settings of a script (train.py's): --help, config files of `key = value` lines, --key=value
+flags.
+
+A script's settings are a table, name -> (default, help text), passed in: the default's type is the
+setting's type, and choices (name -> the values allowed) narrows some of them. A config file is
+parsed, never executed. Every problem is a SettingsError of one line that names where it is and what
+to do.
+"""
+
+import ast
+import difflib
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def help_text(doc, table):
+    """The script's docstring, then every setting with its default and help."""
+    lines = [doc.strip(), "", "settings (--key=value, default shown):"]
+    for key, (default, text) in table.items():
+        lines.append(f"  --{key}={default}".ljust(38) + f" {text}")
+    return "\n".join(lines)
+
+
+def check_known(key, where, table, program):
+    if key not in table:
+        close = difflib.get_close_matches(key, table, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"see python {program} --help"
+        raise SettingsError(f"{where}: unknown setting {key!r}; {hint}")
+
+
+def set_setting(settings, key, value, where, table, choices):
+    """Check a setting's type (and choice), then store it (ints are accepted where floats are
+    expected). key must be in the table (check_known)."""
+    default = table[key][0]
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not type(default):
+        kinds = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
+        kind = kinds[type(default)]
+        raise SettingsError(f"{where}: {key}={value!r} must be {kind} (default: {default!r})")
+    if key in choices and value not in choices[key]:
+        raise SettingsError(f"{where}: {key}={value!r}; choose one of {', '.join(choices[key])}")
+    settings[key] = value
+
+
+def read_config_file(path):
+    """A config file's (key, value, where) triples. Only `key = literal` lines (and comments) are
+    allowed: the file is parsed, never executed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except OSError as e:
+        raise SettingsError(f"config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise SettingsError(f"config file {path} is not UTF-8 text (byte {e.start}); save it as "
+                            f"UTF-8") from None
+    except (MemoryError, RecursionError):
+        raise SettingsError(f"config file {path} is nested too deeply to read; only `key = value` "
+                            f"lines are allowed") from None
+    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
+        raise SettingsError(f"config file {path}, line {getattr(e, 'lineno', '?')}: "
+                            f"{getattr(e, 'msg', e)}; only `key = value` lines are "
+                            f"allowed") from None
+    for node in tree.body:
+        where = f"{path} line {node.lineno}"
+        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)):
+            continue  # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            raise SettingsError(f"{where}: only `key = value` lines are allowed in a config file")
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            raise SettingsError(f"{where}: the value of {node.targets[0].id} must be a literal "
+                                f"(number, string, True or False)") from None
+        yield node.targets[0].id, value, where
+
+
+def parse_args(argv, table, choices, program):
+    """argv (config files and --key=value flags, in order) -> (settings, the names set explicitly by
+    config files or flags). program: the script's file name, for the hint to its --help."""
+    settings = {key: default for key, (default, _) in table.items()}
+    explicit = set()
+    for arg in argv:
+        if not arg.startswith("--"):
+            for key, value, where in read_config_file(arg):
+                check_known(key, where, table, program)
+                set_setting(settings, key, value, where, table, choices)
+                explicit.add(key)
+            continue
+        key, has_value, text = arg[2:].partition("=")
+        if not has_value:  # a bare --compile means --compile=True
+            if not isinstance(table.get(key, ("",))[0], bool):
+                raise SettingsError(f"{arg}: expected --key=value (see python {program} --help)")
+            text = "True"
+        if isinstance(table.get(key, (None,))[0], str):
+            value = text  # strings need no quotes on the command line
+        else:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                value = text
+        check_known(key, arg, table, program)
+        set_setting(settings, key, value, arg, table, choices)
+        explicit.add(key)
+    return settings, explicit
