@@ -1,21 +1,24 @@
-"""
+r"""
 Measure speed and memory of the three arms, of LEV alone, and of generation.
 
     python bench.py                                  # CPU, the small Tiny Shakespeare config
-    python bench.py --device=cuda --compile --n_layer=6 --n_head=6 --n_embd=384 --block_size=256 --batch_size=64
+    python bench.py --device=cuda --compile --n_layer=6 --n_head=6 --n_embd=384 --block_size=256 \
+        --batch_size=64
 
 Three tables:
-  1. training step (forward + backward + clip + AdamW step) per arm: ms/step, tokens/s, model FLOPs per token
-     and the GFLOP/s achieved (see model_flops_per_token: comparable with any implementation counted the same
-     way), peak memory, ratio to tied. The arms are timed in the same process, interleaved step by step in
-     rounds whose order rotates, and the ratio to tied is the median over rounds of the arm's step over tied's
-     in the same round: machine noise hits both sides of a ratio alike.
-  2. LEV alone against nn.Embedding for N ids, forward + backward: the plain recipe (LEV.reference), the fast
-     path with its C kernels (CPU: what training uses there), its torch kernels compiled and eager, and the
-     one-off cost of materialising the whole V x n_embd table.
-  3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV cache, for lev
-     with and without its per-id embedding cache, and with the one-token steps compiled (sample.py --compile;
-     --no-gen_compile skips it). The variants of an arm take turns, --gen_rounds times; the best round counts.
+  1. training step (forward + backward + clip + AdamW step) per arm: ms/step, tokens/s, model FLOPs
+     per token and the GFLOP/s achieved (see model_flops_per_token: comparable with any
+     implementation counted the same way), peak memory, ratio to tied. The arms are timed in the
+     same process, interleaved step by step in rounds whose order rotates, and the ratio to tied is
+     the median over rounds of the arm's step over tied's in the same round: machine noise hits both
+     sides of a ratio alike.
+  2. LEV alone against nn.Embedding for N ids, forward + backward: the plain recipe (LEV.reference),
+     the fast path with its C kernels (CPU: what training uses there), its torch kernels compiled
+     and eager, and the one-off cost of materialising the whole V x n_embd table.
+  3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV
+     cache, for lev with and without its per-id embedding cache, and with the one-token steps
+     compiled (sample.py --compile; --no-gen_compile skips it). The variants of an arm take turns,
+     --gen_rounds times; the best round counts.
 Batches come from data/<dataset>/train.bin when it exists (real text: a Tiny Shakespeare batch of
 2,048 tokens holds ~800 distinct ids, which is what LEV's cost depends on), else from a Zipf(1.1)
 stand-in, said so.
@@ -46,15 +49,18 @@ ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
 
 def make_parser():
-    p = cli.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0],
+                           epilog=__doc__.split("\n\n", 2)[2],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="autocast dtype (auto: bfloat16 on CUDA when supported, else float32)")
     p.add_argument("--compile", action="store_true", help="torch.compile the models")
-    p.add_argument("--embedding", default=ARMS_DEFAULT, help=f"comma-separated arms, from {', '.join(EMBEDDINGS)}")
+    p.add_argument("--embedding", default=ARMS_DEFAULT,
+                   help=f"comma-separated arms, from {', '.join(EMBEDDINGS)}")
     p.add_argument("--tables", default="train,lev,gen", help="which tables to run: train, lev, gen")
-    p.add_argument("--dataset", default="shakespeare", help="batches from data/DATASET/train.bin when it exists")
+    p.add_argument("--dataset", default="shakespeare",
+                   help="batches from data/DATASET/train.bin when it exists")
     p.add_argument("--vocab_size", type=int, default=50257, help="V when no dataset is found")
     p.add_argument("--n_layer", type=int, default=4)
     p.add_argument("--n_head", type=int, default=4)
@@ -62,24 +68,29 @@ def make_parser():
     p.add_argument("--block_size", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--lev_chunk", type=int, default=64, help="ids per chunk of LEV's fast path")
-    p.add_argument("--heads", default="lean,full", help="table 1: the loss from the memory-lean head (lean, what "
-                   "train.py uses), from full logits (full), or both")
+    p.add_argument("--heads", default="lean,full",
+                   help="table 1: the loss from the memory-lean head (lean, what train.py uses), "
+                        "from full logits (full), or both")
     p.add_argument("--lev_c_kernels", action=argparse.BooleanOptionalAction, default=True,
-                   help="table 1: LEV's C kernels on CPU (lev_kernels.c; --no-lev_c_kernels: torch's kernels); "
-                        "table 2 times all three")
+                   help="table 1: LEV's C kernels on CPU (machinery/lev_kernels.c; "
+                        "--no-lev_c_kernels: torch's kernels); table 2 times all three")
     p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="table 1, where the C kernels do not run: torch.compile LEV's torch kernels "
-                        "(--no-lev_compile: eager)")
-    p.add_argument("--steps", type=int, default=10, help="timed training steps per arm (median reported)")
+                   help="table 1, where the C kernels do not run: torch.compile LEV's torch "
+                        "kernels (--no-lev_compile: eager)")
+    p.add_argument("--steps", type=int, default=10,
+                   help="timed training steps per arm (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
     p.add_argument("--lev_ids", type=int, default=8192, help="N for table 2 (all distinct, random)")
     p.add_argument("--lev_embd", type=int, default=256, help="n_embd for table 2")
     p.add_argument("--plain_max", type=int, default=1024,
-                   help="time the plain recipe on at most this many of the N ids (it needs ~1.5 GB per 1,000)")
+                   help="time the plain recipe on at most this many of the N ids (it needs ~1.5 GB "
+                        "per 1,000)")
     p.add_argument("--gen_tokens", type=int, default=500)
-    p.add_argument("--gen_rounds", type=int, default=3, help="table 3: rounds, each timing every variant once")
+    p.add_argument("--gen_rounds", type=int, default=3,
+                   help="table 3: rounds, each timing every variant once")
     p.add_argument("--gen_compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="table 3: also time the compiled one-token steps (compiling takes ~10-40 s per arm)")
+                   help="table 3: also time the compiled one-token steps (compiling takes ~10-40 s "
+                        "per arm)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
     return p
@@ -93,7 +104,8 @@ def parse_args(argv=None):
     args.arms = [a.strip() for a in args.embedding.split(",") if a.strip()]
     bad = [a for a in args.arms if a not in EMBEDDINGS]
     if bad or not args.arms:
-        p.error(f"unknown arm(s) {', '.join(bad) or repr(args.embedding)}; choose from {', '.join(EMBEDDINGS)}")
+        p.error(f"unknown arm(s) {', '.join(bad) or repr(args.embedding)}; "
+                f"choose from {', '.join(EMBEDDINGS)}")
     args.tables = set(args.tables.split(","))
     if not args.tables <= {"train", "lev", "gen"}:
         p.error(f"--tables={','.join(sorted(args.tables))}: choose among train, lev, gen")
@@ -101,8 +113,8 @@ def parse_args(argv=None):
     if not args.heads or set(args.heads) - {"lean", "full"}:
         p.error(f"--heads={','.join(args.heads)}: choose lean, full or both (comma-separated)")
     try:
-        Config(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-               n_embd=args.n_embd)  # the model's own checks, before any work
+        Config(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
+               n_head=args.n_head, n_embd=args.n_embd)  # the model's own checks, before any work
         Config(vocab_size=args.vocab_size, n_embd=args.lev_embd, n_head=1)
         check_numbers(p, args)
         args.device = resolve_device(args.device)
@@ -112,7 +124,8 @@ def parse_args(argv=None):
     except (ValueError, OSError) as e:
         p.error(str(e).removeprefix("Config: "))
     if args.dtype == "auto":
-        args.dtype = "bfloat16" if args.device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+        bf16 = args.device == "cuda" and torch.cuda.is_bf16_supported()
+        args.dtype = "bfloat16" if bf16 else "float32"
     if args.device == "cuda":  # as train.py
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -121,8 +134,8 @@ def parse_args(argv=None):
 
 def check_numbers(p, args):
     """Ranges of the numeric flags (the model's sizes are checked by leviathan.Config)."""
-    minimum = {"batch_size": 1, "lev_chunk": 1, "steps": 1, "warmup": 0, "lev_ids": 1, "plain_max": 1,
-               "gen_tokens": 1, "gen_rounds": 1, "seed": 0}
+    minimum = {"batch_size": 1, "lev_chunk": 1, "steps": 1, "warmup": 0, "lev_ids": 1,
+               "plain_max": 1, "gen_tokens": 1, "gen_rounds": 1, "seed": 0}
     for name, low in minimum.items():
         if getattr(args, name) < low:
             p.error(f"--{name}={getattr(args, name)} must be >= {low}")
@@ -153,12 +166,14 @@ def batch_source(args):
     path = os.path.join("data", args.dataset, "train.bin")
     if os.path.exists(path):
         meta = load_meta(os.path.join("data", args.dataset))
-        data, vocab_size, what = load_split(os.path.join("data", args.dataset), "train"), meta["vocab_size"], path
+        data = load_split(os.path.join("data", args.dataset), "train")
+        vocab_size, what = meta["vocab_size"], path
     else:
         rng = np.random.default_rng(args.seed)
         data = rng.zipf(1.1, size=2_000_000) - 1
         data = data[data < args.vocab_size]  # rejection, not clamping: no pile-up on the last id
-        vocab_size, what = args.vocab_size, f"Zipf(1.1) ids over V={args.vocab_size} ({path} not found)"
+        vocab_size = args.vocab_size
+        what = f"Zipf(1.1) ids over V={args.vocab_size} ({path} not found)"
     T = args.block_size
     if len(data) <= T + 1:
         raise ValueError(f"--block_size={T} is longer than the {len(data):,} tokens of {what}")
@@ -166,7 +181,8 @@ def batch_source(args):
     def get_batch(gen):
         ix = torch.randint(len(data) - T - 1, (args.batch_size,), generator=gen).tolist()
         x = torch.stack([torch.from_numpy(np.asarray(data[i:i + T], dtype=np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy(np.asarray(data[i + 1:i + 1 + T], dtype=np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(np.asarray(data[i + 1:i + 1 + T], dtype=np.int64))
+                         for i in ix])
         return x.to(args.device), y.to(args.device)
 
     return vocab_size, get_batch, what
@@ -174,14 +190,14 @@ def batch_source(args):
 
 def run_settings(args, head="lean", **generation):
     """set_runtime's keywords for the arms of table 1 (and generation's, given)."""
-    return dict(lev_chunk=args.lev_chunk, lev_compile=args.lev_compile, lev_c_kernels=args.lev_c_kernels,
-                lean_head=head == "lean", **generation)
+    return dict(lev_chunk=args.lev_chunk, lev_compile=args.lev_compile,
+                lev_c_kernels=args.lev_c_kernels, lean_head=head == "lean", **generation)
 
 
 def build(arm, vocab_size, args, head="lean"):
     torch.manual_seed(args.seed)
-    config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-                    n_embd=args.n_embd, embedding=arm)
+    config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
+                    n_head=args.n_head, n_embd=args.n_embd, embedding=arm)
     model = GPT(config).to(args.device)
     set_runtime(model, **run_settings(args, head))
     optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
@@ -189,7 +205,8 @@ def build(arm, vocab_size, args, head="lean"):
 
 
 def train_step(model, optimizer, x, y, args):
-    ctx = torch.autocast(args.device, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32")
+    dtype = getattr(torch, args.dtype)
+    ctx = torch.autocast(args.device, dtype=dtype, enabled=args.dtype != "float32")
     with ctx:
         _, loss = model(x, y)
     loss.backward()
@@ -240,11 +257,15 @@ def peak_memory_child(arm, head, args, queue):
         return
     with open("/proc/self/status") as f:
         hwm = [line for line in f if line.startswith("VmHWM:")]
-    queue.put(int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    if hwm:
+        queue.put(int(hwm[0].split()[1]) / 1024)
+    else:
+        queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def peak_memory_mib(arm, head, args):
-    """Peak memory of a training step of one arm, measured in a fresh process so that arms do not mix."""
+    """Peak memory of a training step of one arm, measured in a fresh process so that arms do not
+    mix."""
     if args.device not in ("cpu", "cuda"):
         return float("nan")
     ctx = multiprocessing.get_context("spawn")
@@ -260,29 +281,35 @@ KERNEL_NAMES = {"c": "C (lev_kernels.c)", "compiled": "torch, compiled", "eager"
 
 
 def kernels_in_training(lev, device):
-    """Which of its kernels a LEV with its fast path uses in training on device (FastEmbedder.kernels)."""
+    """Which of its kernels a LEV with its fast path uses in training on device
+    (FastEmbedder.kernels)."""
     with torch.enable_grad():
         return lev.fast_embed.kernels(torch.empty(0, 1, 1, device=device), lev.spline)
 
 
 def lev_kernels(args):
-    """What table 1's LEV runs, named: a tiny LEV with table 1's settings asks FastEmbedder.kernels."""
-    probe = LEV(Config(vocab_size=2, n_embd=8, n_head=1, lev_seed_dim=2, lev_heads=1, lev_knots=3, lev_rank=1))
+    """What table 1's LEV runs, named: a tiny LEV with table 1's settings asks
+    FastEmbedder.kernels."""
+    probe = LEV(Config(vocab_size=2, n_embd=8, n_head=1, lev_seed_dim=2, lev_heads=1, lev_knots=3,
+                       lev_rank=1))
     probe.fast_embed = FastEmbedder(c_kernels=args.lev_c_kernels, compile_kernels=args.lev_compile)
     return KERNEL_NAMES[kernels_in_training(probe, args.device)]
 
 
 def train_table(args, results):
     vocab_size, get_batch, what = batch_source(args)
-    print(f"\n## Training step: forward + backward + AdamW, batch {args.batch_size} x {args.block_size} tokens, "
+    print(f"\n## Training step: forward + backward + AdamW, "
+          f"batch {args.batch_size} x {args.block_size} tokens, "
           f"{args.n_layer} layers x {args.n_head} heads x {args.n_embd}, {args.device} {args.dtype}"
           f"{' compiled' if args.compile else ''}, LEV kernels {lev_kernels(args)}"
           f"\nbatches: {what}")
     # each arm with each head: "tied" (the lean head, what train.py uses), "tied (full head)", ...
     variants = {arm if head == "lean" else f"{arm} (full head)": (arm, head)
                 for arm in args.arms for head in args.heads}
-    models = {key: build(arm, vocab_size, args, head) for key, (arm, head) in variants.items()}  # (model, optimizer)
-    steppers = {key: (torch.compile(m) if args.compile else m, opt) for key, (m, opt) in models.items()}
+    models = {key: build(arm, vocab_size, args, head)  # (model, optimizer)
+              for key, (arm, head) in variants.items()}
+    steppers = {key: (torch.compile(m) if args.compile else m, opt)
+                for key, (m, opt) in models.items()}
     gen = torch.Generator().manual_seed(args.seed)
     times = {key: [] for key in variants}
     distinct = []
@@ -290,15 +317,16 @@ def train_table(args, results):
     for i in range(args.warmup + args.steps):
         x, y = get_batch(gen)  # every arm gets the same batch
         distinct.append(len(torch.unique(x)))
-        for arm in keys[i % len(keys):] + keys[:i % len(keys)]:  # a round: each arm once, the order rotating
+        # a round: each arm once, the order rotating
+        for arm in keys[i % len(keys):] + keys[:i % len(keys)]:
             model, opt = steppers[arm]
             t = timed(args.device, train_step, model, opt, x, y, args)
             if i >= args.warmup:
                 times[arm].append(t)
     tokens = args.batch_size * args.block_size
     print(f"distinct ids per batch: {statistics.median(distinct):.0f} of {tokens}\n")
-    print("| arm | params (input / backbone / head) | ms/step | tokens/s | MFLOP/token | GFLOP/s | peak memory (MiB) "
-          "| vs tied, same head |")
+    print("| arm | params (input / backbone / head) | ms/step | tokens/s | MFLOP/token | GFLOP/s "
+          "| peak memory (MiB) | vs tied, same head |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     rows = {}
     for key, (arm, head) in variants.items():
@@ -306,17 +334,19 @@ def train_table(args, results):
         tied = "tied" if head == "lean" else "tied (full head)"
         # paired: the median over rounds of this arm's step over tied's in the same round, so that a
         # slow spell of the machine, which lasts seconds, slows both sides of a ratio alike
-        ratio = (statistics.median(a / b for a, b in zip(times[key], times[tied], strict=True)) if tied in times
-                 else float("nan"))
+        if tied in times:
+            ratio = statistics.median(a / b for a, b in zip(times[key], times[tied], strict=True))
+        else:
+            ratio = float("nan")
         mem = peak_memory_mib(arm, head, args)
         rep = models[key][0].param_report()
         flops = model_flops_per_token(models[key][0], statistics.median(distinct) / tokens)
-        rows[key] = {"params": rep, "head": head, "ms_per_step": ms, "peak_memory_mib": mem, "over_tied": ratio,
-                     "tokens_per_s": tokens / ms * 1e3, "model_flops_per_token": flops,
-                     "gflop_per_s": flops * tokens / ms * 1e3 / 1e9}
-        print(f"| {key} | {rep['input_embedding']:,} / {rep['backbone']:,} / {rep['head']:,} | {ms:.0f} | "
-              f"{rows[key]['tokens_per_s']:,.0f} | {flops / 1e6:.1f} | {rows[key]['gflop_per_s']:.1f} | {mem:,.0f} "
-              f"| {ratio:.3f} |")
+        rows[key] = {"params": rep, "head": head, "ms_per_step": ms, "peak_memory_mib": mem,
+                     "over_tied": ratio, "tokens_per_s": tokens / ms * 1e3,
+                     "model_flops_per_token": flops, "gflop_per_s": flops * tokens / ms * 1e3 / 1e9}
+        print(f"| {key} | {rep['input_embedding']:,} / {rep['backbone']:,} / {rep['head']:,} | "
+              f"{ms:.0f} | {rows[key]['tokens_per_s']:,.0f} | {flops / 1e6:.1f} | "
+              f"{rows[key]['gflop_per_s']:.1f} | {mem:,.0f} | {ratio:.3f} |")
     if args.device == "cuda":
         peak = 989e12  # H100/H200 dense bf16 tensor-core peak; other GPUs: scale by their own
         for arm, row in rows.items():
@@ -348,8 +378,9 @@ def lev_table(args, results):
 
     def fwd_bwd(fn, x):
         fn(x).square().mean().backward()
+        # no gradient accumulation into old .grad between repeats
         for module in (lev, eager, c, emb):
-            module.zero_grad(set_to_none=True)  # no gradient accumulation into old .grad between repeats
+            module.zero_grad(set_to_none=True)
 
     def median_ms(repeats, fn, *fn_args):
         fn(*fn_args)  # warm-up (and, for compiled kernels, compilation)
@@ -359,20 +390,24 @@ def lev_table(args, results):
     rows = {f"nn.Embedding, {N:,} ids": median_ms(5, fwd_bwd, emb, ids)}
     if with_c:
         rows[f"LEV fast path, C kernels, {N:,} distinct ids"] = median_ms(3, fwd_bwd, c, ids)
-    rows[f"LEV fast path, compiled torch kernels, {N:,} distinct ids"] = median_ms(3, fwd_bwd, lev, ids)
-    rows[f"LEV fast path, eager torch kernels, {N:,} distinct ids"] = median_ms(3, fwd_bwd, eager, ids)
+    ms = median_ms(3, fwd_bwd, lev, ids)
+    rows[f"LEV fast path, compiled torch kernels, {N:,} distinct ids"] = ms
+    ms = median_ms(3, fwd_bwd, eager, ids)
+    rows[f"LEV fast path, eager torch kernels, {N:,} distinct ids"] = ms
     rows[f"nn.Embedding, {text}"] = median_ms(5, fwd_bwd, emb, text_ids)
     if with_c:
         rows[f"LEV fast path, C kernels, {text}"] = median_ms(5, fwd_bwd, c, text_ids)
     rows[f"LEV fast path, compiled torch kernels, {text}"] = median_ms(5, fwd_bwd, lev, text_ids)
     rows[f"LEV fast path, eager torch kernels, {text}"] = median_ms(5, fwd_bwd, eager, text_ids)
     n_plain = min(N, args.plain_max)
-    rows[f"LEV plain recipe (LEV.reference), {n_plain:,} distinct ids"] = median_ms(1, fwd_bwd, lev.reference,
-                                                                                    ids[:n_plain])
+    ms = median_ms(1, fwd_bwd, lev.reference, ids[:n_plain])
+    rows[f"LEV plain recipe (LEV.reference), {n_plain:,} distinct ids"] = ms
     if n_plain < N:
-        rows[f"LEV fast path, {'C' if with_c else 'compiled torch'} kernels, the same {n_plain:,} ids"] = \
-            median_ms(3, fwd_bwd, c if with_c else lev, ids[:n_plain])
-    rows[f"LEV materialise the whole {V:,} x {D} table (no grad)"] = median_ms(1, (c if with_c else lev).table)
+        ms = median_ms(3, fwd_bwd, c if with_c else lev, ids[:n_plain])
+        rows[f"LEV fast path, {'C' if with_c else 'compiled torch'} kernels, "
+             f"the same {n_plain:,} ids"] = ms
+    ms = median_ms(1, (c if with_c else lev).table)
+    rows[f"LEV materialise the whole {V:,} x {D} table (no grad)"] = ms
     print(f"text batch: {what}\n\n| what | ms |\n|---|---:|")
     for k, v in rows.items():
         print(f"| {k} | {v:,.1f} |")
@@ -382,9 +417,9 @@ def lev_table(args, results):
 def gen_table(args, results):
     vocab_size, _, _ = batch_source(args)
     n = args.gen_tokens
-    print(f"\n## Generation: {n} new tokens, greedy, batch 1, block_size {args.block_size}, {args.device}, "
-          f"float32, best of {args.gen_rounds} interleaved rounds (random-init models; speed does not depend on "
-          f"the weights)")
+    print(f"\n## Generation: {n} new tokens, greedy, batch 1, block_size {args.block_size}, "
+          f"{args.device}, float32, best of {args.gen_rounds} interleaved rounds (random-init "
+          f"models; speed does not depend on the weights)")
     print("| arm | KV cache | LEV cache | one-token steps | tokens/s |\n|---|---|---|---|---:|")
     rows = []
     for arm in args.arms:
@@ -404,22 +439,25 @@ def gen_table(args, results):
         best = [0.0] * len(variants)
         for _ in range(args.gen_rounds):
             for i, (m, kv, _) in enumerate(variants):
-                m.generate(prompt, 8, 0.0, None, None, kv)  # warm-up (and compiling, the first time)
+                # warm-up (and compiling, the first time)
+                m.generate(prompt, 8, 0.0, None, None, kv)
                 seconds = timed(args.device, m.generate, prompt, n, 0.0, None, None, kv)
                 best[i] = max(best[i], n / seconds)
         for (m, kv, lev_cache), tokens_per_s in zip(variants, best, strict=True):
             steps = "compiled" if m is compiled else "eager"
-            rows.append({"arm": arm, "kv_cache": kv, "lev_cache": lev_cache if arm == "lev" else None,
+            rows.append({"arm": arm, "kv_cache": kv,
+                         "lev_cache": lev_cache if arm == "lev" else None,
                          "steps": steps, "tokens_per_s": tokens_per_s})
-            print(f"| {arm} | {'on' if kv else 'off'} | {('on' if lev_cache else 'off') if arm == 'lev' else '-'} | "
-                  f"{steps} | {tokens_per_s:,.0f} |")
+            kv_state = "on" if kv else "off"
+            lev_state = ("on" if lev_cache else "off") if arm == "lev" else "-"
+            print(f"| {arm} | {kv_state} | {lev_state} | {steps} | {tokens_per_s:,.0f} |")
     results["generation"] = rows
 
 
 def main(argv=None):
     args = parse_args(argv)
-    results = {"args": {k: v if not isinstance(v, set) else sorted(v) for k, v in vars(args).items()},
-               "torch": torch.__version__, "threads": torch.get_num_threads()}
+    flags = {k: v if not isinstance(v, set) else sorted(v) for k, v in vars(args).items()}
+    results = {"args": flags, "torch": torch.__version__, "threads": torch.get_num_threads()}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
     if "train" in args.tables:
         train_table(args, results)

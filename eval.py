@@ -1,44 +1,31 @@
 """
-Compare trained checkpoints the way the paper does: Leviathan against the tied baseline, same \
+Compare trained checkpoints the way the paper does: Leviathan against the tied baseline, same
 backbone.
 
     python eval.py out-tied out-lev [out-untied ...] [--plot=compare.png] [--json=compare.json]
 
-The first DIR is the baseline every other arm is compared with. Four measurements (five with \
---task), one table
-each:
+The first DIR is the baseline every other arm is compared with. Four measurements (five with
+--task), one table each:
 
-  1. Validation loss and perplexity on the *whole* validation split: non-overlapping windows of \
-block_size
-     (prepare_data.eval_windows, no subsampling), every target scored once, in fp32, so the \
-numbers are
-     deterministic; train.py with eval_iters=0 scores the same windows.
-  2. The same, stratified by how often each target id occurs in the training split (unseen, 1-10, \
-11-100,
-     101-1k, 1k-10k, >10k): the paper's gains concentrate on rare tokens.
-  3. Token efficiency, from each run's log.jsonl: the training tokens each arm needed to first \
-reach the
-     baseline's final logged val loss, linearly interpolated between the two evaluations around \
-the crossing
-     ("never reached" if it did not), and the ratio of the baseline's tokens to reach it (same \
-rule) to the
-     arm's (the paper's "2.1x fewer tokens").
-  4. LAMBADA-style last-word prediction on the validation text (the exact rule is at the end of \
---help).
-  5. With --task=NAME:PATH (repeatable): zero-shot tasks from local files (LAMBADA, HellaSwag, \
-PIQA, ARC,
-     WinoGrande, or your own multiple choice), scored as lm-evaluation-harness does, in one table \
-with n
-     and 95% intervals (tasks.py; the formats are at the end of --help).
+  1. Validation loss and perplexity on the *whole* validation split: non-overlapping windows of
+     block_size (machinery/dataset.py's eval_windows, no subsampling), every target scored once, in
+     fp32, so the numbers are deterministic; train.py with eval_iters=0 scores the same windows.
+  2. The same, stratified by how often each target id occurs in the training split (unseen, 1-10,
+     11-100, 101-1k, 1k-10k, >10k): the paper's gains concentrate on rare tokens.
+  3. Token efficiency, from each run's log.jsonl: the training tokens each arm needed to first reach
+     the baseline's final logged val loss, linearly interpolated between the two evaluations around
+     the crossing ("never reached" if it did not), and the ratio of the baseline's tokens to reach
+     it (same rule) to the arm's (the paper's "2.1x fewer tokens").
+  4. LAMBADA-style last-word prediction on the validation text (the exact rule is at the end of
+     --help).
+  5. With --task=NAME:PATH (repeatable): zero-shot tasks from local files (LAMBADA, HellaSwag, PIQA,
+     ARC, WinoGrande, or your own multiple choice), scored as lm-evaluation-harness does, in one
+     table with n and 95% intervals (machinery/tasks.py; the formats are at the end of --help).
 
-All checkpoints must come from one dataset and tokenizer; it is read from DATA_DIR/<dataset>, with \
---data_dir
-(default: data, relative to the working directory) meaning what it means to train.py.
+All checkpoints must come from one dataset and tokenizer; it is read from DATA_DIR/<dataset>, with
+--data_dir (default: data, relative to the working directory) meaning what it means to train.py.
 """
-# --help prints the docstring above as users have always read it: where it says
-# prepare_data.eval_windows and tasks.py, read machinery/dataset.py's eval_windows and
-# machinery/tasks.py. A line that ends in a backslash goes on in the next one (--help's lines are
-# wider than the source's). machinery/evaluation.py writes the tables, the figure and the JSON file.
+# machinery/evaluation.py writes the tables, the figure and the JSON file.
 
 import argparse
 import math
@@ -60,25 +47,17 @@ BUCKETS = ("unseen", "1-10", "11-100", "101-1k", "1k-10k", ">10k")
 BUCKET_LOWER = (0, 1, 11, 101, 1001, 10001)
 
 LAMBADA_RULE = """\
-LAMBADA-style task: the validation split is decoded with the checkpoints' tokenizer and cut into \
-passages at
-blank lines (and at <|endoftext|>, GPT-2's document separator). A passage qualifies when, after \
-stripping
-whitespace, it ends in a word of ASCII letters that follows whitespace, optionally followed by \
-punctuation only
-(so "speak." and "speak!'" qualify; "I'll." and "1623." do not). The task: given the passage \
-before that
-word, predict the word. Its tokens are those of the passage that follow the context's tokens; the \
-context
-keeps the whitespace before the word when the tokenizer encodes it apart (characters), and drops \
-it when the
-tokenizer merges it into the word (GPT-2 BPE: " speak"). The context is cut from the left to at most
-block_size - (word tokens). At most --lambada_max passages are used, evenly spaced over the split. \
-A passage
-counts as correct when greedy decoding reproduces the word: with the true tokens fed in (teacher \
-forcing),
-every word token is the model's argmax. Word perplexity is exp(mean loss over all final-word \
-tokens)."""
+LAMBADA-style task: the validation split is decoded with the checkpoints' tokenizer and cut into
+passages at blank lines (and at <|endoftext|>, GPT-2's document separator). A passage qualifies
+when, after stripping whitespace, it ends in a word of ASCII letters that follows whitespace,
+optionally followed by punctuation only (so "speak." and "speak!'" qualify; "I'll." and "1623." do
+not). The task: given the passage before that word, predict the word. Its tokens are those of the
+passage that follow the context's tokens; the context keeps the whitespace before the word when the
+tokenizer encodes it apart (characters), and drops it when the tokenizer merges it into the word
+(GPT-2 BPE: " speak"). The context is cut from the left to at most block_size - (word tokens). At
+most --lambada_max passages are used, evenly spaced over the split. A passage counts as correct when
+greedy decoding reproduces the word: with the true tokens fed in (teacher forcing), every word token
+is the model's argmax. Word perplexity is exp(mean loss over all final-word tokens)."""
 
 
 def fail(msg):

@@ -138,6 +138,14 @@ def signed_log_product(phi, dim):
     return sign, log_abs
 
 
+def check_ids(lo, hi, vocab_size):
+    """Raise a ValueError naming the first id outside [0, V), given the smallest and largest ids."""
+    for i in (int(lo), int(hi)):
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"token id {i} is outside the vocabulary [0, {vocab_size}); "
+                             f"was the data tokenized with another tokenizer than this model's?")
+
+
 # The recipe embeds this many distinct ids at a time. In training each chunk is recomputed in
 # backward, so autograd holds one chunk's spline values (h * d_seed * r = 65,536 numbers per id at
 # the paper's sizes), not the batch's: a CPU-config batch has ~800 distinct ids.
@@ -245,14 +253,6 @@ class LEV(nn.Module):
         """Materialise the whole V x n_embd input table (e.g. to export LEV as a plain table)."""
         ids = torch.arange(self.vocab_size, device=self.codebooks.device)
         return torch.cat([self.embed_distinct(c) for c in ids.split(4096)])
-
-
-def check_ids(lo, hi, vocab_size):
-    """Raise a ValueError naming the first id outside [0, V), given the smallest and largest ids."""
-    for i in (int(lo), int(hi)):
-        if not 0 <= i < vocab_size:
-            raise ValueError(f"token id {i} is outside the vocabulary [0, {vocab_size}); "
-                             f"was the data tokenized with another tokenizer than this model's?")
 
 
 # --------------------------------------------------------------------------------------------------

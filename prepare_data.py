@@ -1,38 +1,50 @@
 """
-Prepare a corpus for train.py: tokenize it, split it into train and val, write data/NAME/{train,val}.bin + meta.json.
+Prepare a corpus for train.py: tokenize it, split it into train and val, write
+data/NAME/{train,val}.bin + meta.json.
 
-    python prepare_data.py shakespeare                 # Tiny Shakespeare (downloaded), GPT-2 BPE
-    python prepare_data.py shakespeare_char            # the same text, one token per character
-    python prepare_data.py shakespeare --input=path/to/input.txt           # a local copy instead of the download
-    python prepare_data.py mytext --input=my.txt --tokenizer=o200k_base    # any UTF-8 file, any tiktoken encoding
-    python prepare_data.py stories --input=stories/ --tokenizer=o200k_base # a corpus: a directory, a glob, .jsonl
-    python prepare_data.py --bench                     # throughput and peak memory on a generated corpus
+    # Tiny Shakespeare (downloaded), GPT-2 BPE
+    python prepare_data.py shakespeare
+    # the same text, one token per character
+    python prepare_data.py shakespeare_char
+    # a local copy instead of the download
+    python prepare_data.py shakespeare --input=path/to/input.txt
+    # any UTF-8 file, any tiktoken encoding
+    python prepare_data.py mytext --input=my.txt --tokenizer=o200k_base
+    # a corpus: a directory, a glob, .jsonl
+    python prepare_data.py stories --input=stories/ --tokenizer=o200k_base
+    # throughput and peak memory on a generated corpus
+    python prepare_data.py --bench
 
 What --input can be:
-  one text file  one document, split as in nanoGPT: the first 90% of its characters to train, the rest to val,
-                 each part tokenized on its own, no end-of-text token. The only input char-level accepts.
-  a corpus       a directory (searched recursively for .txt, .jsonl, .parquet and their .gz forms except .parquet;
-                 hidden names skipped), a glob such as "shards/*.jsonl.gz" (every file it matches), or one .jsonl
-                 or .parquet file. A text file is one document, a .jsonl line or a Parquet row is one (its
-                 --text_field); empty ones are skipped. Files are read in sorted order, every document is followed
-                 by one <|endoftext|> of the encoding, and whole documents go to val (a fixed, seeded 10%).
-The input is streamed: memory stays bounded whatever its size. Tokenizing runs on --workers processes, and the
-.bin files are the same whatever their number. The dataset is written into DATA_DIR/.NAME.tmpPID and moved into
-DATA_DIR/NAME only when complete, so an interrupted or failed run leaves the old dataset (or none), never half one.
+  one text file  one document, split as in nanoGPT: the first 90% of its characters to train, the
+                 rest to val, each part tokenized on its own, no end-of-text token. The only input
+                 char-level accepts.
+  a corpus       a directory (searched recursively for .txt, .jsonl, .parquet and their .gz forms
+                 except .parquet; hidden names skipped), a glob such as "shards/*.jsonl.gz" (every
+                 file it matches), or one .jsonl or .parquet file. A text file is one document, a
+                 .jsonl line or a Parquet row is one (its --text_field); empty ones are skipped.
+                 Files are read in sorted order, every document is followed by one <|endoftext|> of
+                 the encoding, and whole documents go to val (a fixed, seeded 10%).
+The input is streamed: memory stays bounded whatever its size. Tokenizing runs on --workers
+processes, and the .bin files are the same whatever their number. The dataset is written into
+DATA_DIR/.NAME.tmpPID and moved into DATA_DIR/NAME only when complete, so an interrupted or failed
+run leaves the old dataset (or none), never half one.
 
-The format (train.py, sample.py and eval.py read it with this file's get_tokenizer, load_meta, load_split):
-  train.bin, val.bin  the token ids, flat, uint16 (uint32 when the vocabulary has more than 65,536 ids)
-  meta.json           {"dataset", "tokenizer": "gpt2" | "char" | <tiktoken encoding>, "vocab_size", "dtype",
-                       "train_tokens", "val_tokens", "chars" (char-level only: the vocabulary in id order),
-                       "source", "eot_token" (the id after each document; null for one text file),
-                       "train_documents", "val_documents", "split" (how), "text_field" (.jsonl, Parquet),
-                       "inputs": [{"name", "bytes", "sha256"}, ...]}
+The format (train.py, sample.py and eval.py read it with machinery/dataset.py's get_tokenizer,
+load_meta, load_split):
+  train.bin, val.bin  the token ids, flat, uint16 (uint32 when the vocabulary has more than 65,536
+                      ids)
+  meta.json           {"dataset", "tokenizer": "gpt2" | "char" | <tiktoken encoding>, "vocab_size",
+                       "dtype", "train_tokens", "val_tokens", "chars" (char-level only: the
+                       vocabulary in id order), "source", "eot_token" (the id after each document;
+                       null for one text file), "train_documents", "val_documents", "split" (how),
+                       "text_field" (.jsonl, Parquet), "inputs": [{"name", "bytes", "sha256"}, ...]}
 
 Importing this file has no side effects and loads no torch: numpy and tiktoken only, as in nanoGPT.
 The corpus pipeline is machinery/corpus.py (its readers: machinery/corpus_readers.py; --bench:
 machinery/corpus_bench.py). The reading side named above (get_tokenizer, load_meta, load_split, and
 eval_windows) is machinery/dataset.py.
-"""  # noqa: E501 (the lines of --help, as they have always been)
+"""
 
 import argparse
 import os

@@ -2,16 +2,15 @@
 Sample text from a trained leviathan model, streamed to the terminal as it is generated.
 
     python sample.py --out_dir=out-shakespeare-cpu-lev --start="ROMEO:" --num_samples=3
-    python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0      # greedy
-    python sample.py --out_dir=out --num_samples=1 --no_kv_cache                # measure the KV cache
+    python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0  # greedy
+    python sample.py --out_dir=out --num_samples=1 --no_kv_cache            # measure the KV cache
 
 The tokenizer comes from the checkpoint's dataset metadata (a char vocabulary or a tiktoken encoding
-name), so a checkpoint samples correctly without repeating how it was trained. Each sample is printed
-(prompt first) as its tokens arrive, samples are separated by a dashed line, and one summary line on stderr
-gives tokens/s and which caches were on. Generation uses the KV cache and, for the lev arm, LEV's per-id
-embedding cache; --no_kv_cache and --no_lev_cache switch them off so that their effect on speed can be
-measured.
-Defaults follow nanoGPT's sample.py.
+name), so a checkpoint samples correctly without repeating how it was trained. Each sample is
+printed (prompt first) as its tokens arrive, samples are separated by a dashed line, and one summary
+line on stderr gives tokens/s and which caches were on. Generation uses the KV cache and, for the
+lev arm, LEV's per-id embedding cache; --no_kv_cache and --no_lev_cache switch them off so that
+their effect on speed can be measured. Defaults follow nanoGPT's sample.py.
 """
 
 import argparse
@@ -42,8 +41,9 @@ def parse_args(argv):
     p = cli.ArgumentParser(prog="sample.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--out_dir", default="out",
                    help="directory holding ckpt.pt (written by train.py)")
-    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read the prompt from a "
-                                                "UTF-8 file (default: %(default)r)")
+    p.add_argument("--start", default="\n",
+                   help="prompt text, or FILE:path to read the prompt from a UTF-8 file "
+                        "(default: %(default)r)")
     p.add_argument("--num_samples", type=int, default=10,
                    help="number of samples to draw, one after another")
     p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
@@ -59,48 +59,40 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
     p.add_argument("--compile", action="store_true",
-                   help="run the one-token decoding steps through torch.compile (slow to start: the "
-                        "first sample pays ~10-40 s of compiling; used with the KV cache only)")
+                   help="run the one-token decoding steps through torch.compile (slow to start: "
+                        "the first sample pays ~10-40 s of compiling; used with the KV cache only)")
     p.add_argument("--no_kv_cache", action="store_true",
                    help="recompute the whole context for every token (to measure the KV cache's "
                         "speed-up)")
     p.add_argument("--no_lev_cache", action="store_true",
-                   help="lev arm: recompute LEV embeddings at every step instead of once per id (to "
-                        "measure it)")
+                   help="lev arm: recompute LEV embeddings at every step instead of once per id "
+                        "(to measure it)")
     p.add_argument("--plain", action="store_true",
-                   help="run the model exactly as leviathan.py writes it, none of the fast paths of "
-                        "machinery/runtime.py: slower, the same tokens; for a model whose code you edited")
+                   help="run the model exactly as leviathan.py writes it, none of the fast paths "
+                        "of machinery/runtime.py: slower, the same tokens; for a model whose code "
+                        "you edited")
     p.add_argument("--threads", type=int, default=0,
-                   help="CPU threads; 0: one for models under 50M parameters (threads that wait for "
-                        "each other collapse decoding on a busy machine), torch's default above")
+                   help="CPU threads; 0: one for models under 50M parameters (threads that wait "
+                        "for each other collapse decoding on a busy machine), torch's default "
+                        "above")
     args = p.parse_args(argv)
+    temperature, top_p = args.temperature, args.top_p
     # the same rules GPT.stream enforces, checked up front so that nothing is loaded for a typo
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        p.error(f"--temperature={args.temperature} must be a finite number >= 0 (0 means greedy)")
-    if args.top_k < 1:
-        p.error(f"--top_k={args.top_k} must be >= 1")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        p.error(f"--top_p={args.top_p} must be in (0, 1]; 1 disables it")
-    if args.num_samples < 1:
-        p.error(f"--num_samples={args.num_samples} must be >= 1")
-    if args.max_new_tokens < 0:
-        p.error(f"--max_new_tokens={args.max_new_tokens} must be >= 0")
-    if not 0 <= args.seed < 2 ** 63:
-        p.error(f"--seed={args.seed} must be in [0, 2^63)")
-    if args.threads < 0:
-        p.error(f"--threads={args.threads} must be >= 0 (0: automatic)")
-    if args.plain and args.compile:
-        p.error("--compile is a fast path, and --plain runs none: drop one of them")
+    for ok, message in [
+            (math.isfinite(temperature) and temperature >= 0,
+             f"--temperature={temperature} must be a finite number >= 0 (0 means greedy)"),
+            (args.top_k >= 1, f"--top_k={args.top_k} must be >= 1"),
+            (top_p is None or 0 < top_p <= 1, f"--top_p={top_p} must be in (0, 1]; 1 disables it"),
+            (args.num_samples >= 1, f"--num_samples={args.num_samples} must be >= 1"),
+            (args.max_new_tokens >= 0, f"--max_new_tokens={args.max_new_tokens} must be >= 0"),
+            (0 <= args.seed < 2 ** 63, f"--seed={args.seed} must be in [0, 2^63)"),
+            (args.threads >= 0, f"--threads={args.threads} must be >= 0 (0: automatic)"),
+            (not (args.plain and args.compile),
+             "--compile is a fast path, and --plain runs none: drop one of them")]:
+        if not ok:
+            p.error(message)
     args.no_lev_cache |= args.plain  # the plain code computes LEV's embeddings at every step
     return args
-
-
-def pick_device(name):
-    """devices.resolve_device, a missing device reported as bad input."""
-    try:
-        return devices.resolve_device(name)
-    except ValueError as e:
-        fail(str(e))
 
 
 def read_prompt(start):
@@ -111,37 +103,25 @@ def read_prompt(start):
             with open(path, encoding="utf-8") as f:
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
-            fail(f"cannot read the prompt file --start=FILE:{path} ({type(e).__name__}: {e}); give a "
-                 f"readable UTF-8 text file")
+            fail(f"cannot read the prompt file --start=FILE:{path} ({type(e).__name__}: {e}); "
+                 f"give a readable UTF-8 text file")
     if not start:
         fail("the prompt is empty; give at least one character with --start=TEXT or "
              "--start=FILE:path")
     return start
 
 
-def load_model(out_dir, device):
-    """The checkpoint's model and its tokenizer (characters or a tiktoken encoding, named in the
-    checkpoint)."""
-    if not os.path.isdir(out_dir):
-        fail(f"--out_dir={out_dir} does not exist; train a model first (python train.py ...) or fix "
-             f"--out_dir")
-    try:
-        model, ckpt = checkpoints.load_checkpoint(out_dir, GPT, Config, device)
-    except (OSError, ValueError) as e:  # missing, unreadable, edited, diverged: the message says why
+def load_model(args):
+    """The device, the checkpoint's model and its tokenizer (characters or a tiktoken encoding,
+    named in the checkpoint)."""
+    try:  # no such device; missing, unreadable, edited, diverged: the message says why
+        device = devices.resolve_device(args.device)
+        if not os.path.isdir(args.out_dir):
+            raise ValueError(f"--out_dir={args.out_dir} does not exist; train a model first "
+                             f"(python train.py ...) or fix --out_dir")
+        return device, *checkpoints.load_model_and_tokenizer(args.out_dir, GPT, Config, device)
+    except (OSError, ValueError) as e:
         fail(str(e))
-    meta = ckpt["meta"]
-    if "tokenizer" not in meta:
-        fail(f"the checkpoint in {out_dir} has no dataset metadata (meta) naming its tokenizer; "
-             f"retrain it with this version of train.py")
-    try:
-        tokenizer = dataset.get_tokenizer(meta)
-    except Exception as e:  # an unknown encoding name, a tiktoken file not to be fetched offline, ...
-        fail(f"cannot build the checkpoint's tokenizer {meta['tokenizer']!r} "
-             f"({type(e).__name__}: {e})")
-    if tokenizer.vocab_size != model.config.vocab_size:
-        fail(f"the checkpoint's tokenizer {meta['tokenizer']!r} has {tokenizer.vocab_size} tokens but "
-             f"its model has vocab_size={model.config.vocab_size}; the checkpoint is inconsistent")
-    return model, tokenizer
 
 
 def encode_prompt(prompt, tokenizer, block_size, device):
@@ -153,16 +133,17 @@ def encode_prompt(prompt, tokenizer, block_size, device):
         fail(f"cannot encode the prompt: {e}")
     if len(prompt_ids) > block_size:
         print(f"sample.py: note: the prompt is {len(prompt_ids)} tokens, longer than "
-              f"block_size={block_size}; the model sees only its last {block_size}", file=sys.stderr)
+              f"block_size={block_size}; the model sees only its last {block_size}",
+              file=sys.stderr)
         prompt_ids = prompt_ids[-block_size:]
     return torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
 
 def prepare_model(model, args, device):
-    """Run settings for generation: threads, and the fast paths (machinery/runtime.py): LEV's kernels
-    eager (they compile for training only; generation meets each id once), the KV cache's one-token steps
-    through the Decoder, or with --compile through torch.compile (LEV's data-dependent lookups,
-    torch.unique and the per-id cache, stay eager behind a graph break)."""
+    """Run settings for generation: threads, and the fast paths (machinery/runtime.py): LEV's
+    kernels eager (they compile for training only; generation meets each id once), the KV cache's
+    one-token steps through the Decoder, or with --compile through torch.compile (LEV's
+    data-dependent lookups, torch.unique and the per-id cache, stay eager behind a graph break)."""
     if device == "cpu":
         torch.set_num_threads(args.threads or devices.pick_threads(model.param_report()["total"]))
     if args.plain:
@@ -199,8 +180,9 @@ def report_speed(args, model, device, seconds, seconds_after_first):
     is_lev = model.config.embedding == "lev"
     arm = model.config.embedding
     lev_state = ("off" if args.no_lev_cache else "on") if is_lev else f"n/a ({arm} arm)"
+    threads = torch.get_num_threads()
     print(f"sample.py: {rate}; {args.num_samples} x {args.max_new_tokens} new tokens, "
-          f"kv_cache={kv_state}, lev_cache={lev_state}, device={device}, threads={torch.get_num_threads()}, "
+          f"kv_cache={kv_state}, lev_cache={lev_state}, device={device}, threads={threads}, "
           f"compile={'on' if args.compile else 'off'}, fast_paths={'off' if args.plain else 'on'}",
           file=sys.stderr)
 
@@ -209,12 +191,11 @@ def main(argv=None):
     """Run sample.py with the arguments (sys.argv[1:] when None); return the samples' texts."""
     args = parse_args(argv)
     prompt = read_prompt(args.start)
-    device = pick_device(args.device)
-    model, tokenizer = load_model(args.out_dir, device)
+    device, model, tokenizer = load_model(args)
     x = encode_prompt(prompt, tokenizer, model.config.block_size, device)
     prepare_model(model, args, device)
     torch.manual_seed(args.seed)  # seeds every device's generator
-    # bfloat16 autocast on CUDA, as nanoGPT; elsewhere full fp32 (sample_next takes fp32 logits anyway)
+    # bfloat16 autocast on CUDA, as nanoGPT; elsewhere fp32 (sample_next takes fp32 logits anyway)
     texts, t0 = [], time.perf_counter()
     with devices.autocast(device, "bfloat16" if device == "cuda" else "float32"):
         for i in range(args.num_samples):

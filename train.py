@@ -2,30 +2,38 @@
 Train a Leviathan, or one of its baselines, on a dataset prepared by prepare_data.py.
 
     python prepare_data.py shakespeare
-    python train.py config/shakespeare_cpu.py                        # Leviathan (LEV input embedding), on CPU
-    python train.py config/shakespeare_cpu.py --embedding=tied       # the baseline: same data, same val tokens
-    python train.py config/shakespeare_cpu.py --init_from=resume     # continue out_dir/ckpt.pt
-    python train.py --init_from=out-a-lev --dataset=b --out_dir=out-b-lev   # fine-tune a trained model on data b
-    torchrun --standalone --nproc_per_node=8 train.py config/shakespeare_gpu.py     # DDP, one process per GPU
+    # Leviathan (LEV input embedding), on CPU
+    python train.py config/shakespeare_cpu.py
+    # the baseline: same data, same val tokens
+    python train.py config/shakespeare_cpu.py --embedding=tied
+    # continue out_dir/ckpt.pt
+    python train.py config/shakespeare_cpu.py --init_from=resume
+    # fine-tune a trained model on data b
+    python train.py --init_from=out-a-lev --dataset=b --out_dir=out-b-lev
+    # DDP, one process per GPU
+    torchrun --standalone --nproc_per_node=8 train.py config/shakespeare_gpu.py
 
-Settings: the defaults below, then config files (plain `key = value` lines, in the order given), then --key=value
-flags. With --init_from=resume the checkpoint's settings replace the defaults, and files and flags still apply.
-With --init_from=PATH (a checkpoint, or a run directory holding ckpt.pt) a new run starts from that model's
-weights and architecture, with a fresh optimizer and schedule, on any dataset of the same tokenizer; --freeze
-keeps parts of it fixed, to study what transfers.
+Settings: the defaults below, then config files (plain `key = value` lines, in the order given),
+then --key=value flags. With --init_from=resume the checkpoint's settings replace the defaults, and
+files and flags still apply. With --init_from=PATH (a checkpoint, or a run directory holding
+ckpt.pt) a new run starts from that model's weights and architecture, with a fresh optimizer and
+schedule, on any dataset of the same tokenizer; --freeze keeps parts of it fixed, to study what
+transfers.
 
-Fair comparisons: every arm with the same seed draws the same training batches (the data order has its own
-generator, independent of the model's initialization), and validation always uses the same fixed windows of the
-val split (dataset.eval_windows), so lev, tied and untied see exactly the same tokens.
+Fair comparisons: every arm with the same seed draws the same training batches (the data order has
+its own generator, independent of the model's initialization), and validation always uses the same
+fixed windows of the val split (machinery/dataset.py's eval_windows), so lev, tied and untied see
+exactly the same tokens.
 
-Output: out_dir/log.jsonl gets one record per evaluation (step 0 included): losses, lr, and the gradients of the
-steps since the previous record (grad_norm before clipping, clip_fraction, grad_norms of each part; README).
-out_dir/ckpt.pt is the latest state (model, optimizer, settings, data order and RNG states): it is written after
-every evaluation (every eval_interval steps and at the last step) and when the run is stopped with Ctrl-C (or
-SIGTERM). Resuming continues exactly: 10 steps, then 10 more with --init_from=resume, give the same losses and
-weights as 20 steps. A non-finite loss, gradient norm or validation loss stops the run before anything is saved,
-so ckpt.pt always holds the last good state; a scratch run refuses an out_dir that already holds a run (see
---overwrite).
+Output: out_dir/log.jsonl gets one record per evaluation (step 0 included): losses, lr, and the
+gradients of the steps since the previous record (grad_norm before clipping, clip_fraction,
+grad_norms of each part; docs/training.md). out_dir/ckpt.pt is the latest state (model, optimizer,
+settings, data order and RNG states): it is written after every evaluation (every eval_interval
+steps and at the last step) and when the run is stopped with Ctrl-C (or SIGTERM). Resuming continues
+exactly: 10 steps, then 10 more with --init_from=resume, give the same losses and weights as 20
+steps. A non-finite loss, gradient norm or validation loss stops the run before anything is saved,
+so ckpt.pt always holds the last good state; a scratch run refuses an out_dir that already holds a
+run (see --overwrite).
 """
 
 import dataclasses
@@ -70,9 +78,9 @@ SETTINGS = {
     # LEV's fast path: settings of the run, not the model's (they change speed and memory only)
     "lev_chunk": (64, "LEV, torch kernels: ids computed together (memory and speed only); 64 suits "
                   "a CPU, more a GPU"),
-    "lev_c_kernels": (True, "LEV on CPU: its spline product in lev_kernels.c, built with the "
-                      "system's C compiler on first use, ~3x faster than torch's kernels (speed "
-                      "only, not results)"),
+    "lev_c_kernels": (True, "LEV on CPU: its spline product in machinery/lev_kernels.c, built "
+                      "with the system's C compiler on first use, ~3x faster than torch's kernels "
+                      "(speed only, not results)"),
     "lev_compile": (True, "LEV: torch.compile its two torch kernels, where the C ones do not run "
                     "(speed only, not results)"),
     "lean_head": (True, "the loss from the memory-lean head: logits a chunk of tokens at a time "

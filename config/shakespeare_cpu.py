@@ -1,10 +1,10 @@
 # Tiny Shakespeare with GPT-2 BPE (V = 50,257), small enough for a laptop CPU. The arm is a flag:
 #   python prepare_data.py shakespeare
-#   python train.py config/shakespeare_cpu.py                       # Leviathan (LEV input, untied head)
-#   python train.py config/shakespeare_cpu.py --embedding=tied      # baseline: one shared table
-#   python train.py config/shakespeare_cpu.py --embedding=untied    # baseline: a table and a separate head
-# Every arm draws the same batches and is validated on the same tokens. LEV keeps leviathan.Config's (the
-# paper's) settings: lev_digits=3, lev_seed_dim=128, lev_heads=8, lev_knots=16, lev_rank=64.
+#   python train.py config/shakespeare_cpu.py                     # Leviathan (LEV, untied head)
+#   python train.py config/shakespeare_cpu.py --embedding=tied    # baseline: one shared table
+#   python train.py config/shakespeare_cpu.py --embedding=untied  # baseline: table + separate head
+# Every arm draws the same batches and is validated on the same tokens. LEV keeps leviathan.Config's
+# (the paper's) settings: lev_digits=3, lev_seed_dim=128, lev_heads=8, lev_knots=16, lev_rank=64.
 
 dataset = "shakespeare"
 out_dir = "out-shakespeare-cpu-{embedding}"

@@ -1,9 +1,11 @@
-# Tiny Shakespeare with GPT-2 BPE on one GPU (or several with torchrun): nanoGPT's 6 x 6 x 384 Shakespeare model.
+# Tiny Shakespeare with GPT-2 BPE on one GPU (or several with torchrun): nanoGPT's 6 x 6 x 384
+# Shakespeare model.
 #   python prepare_data.py shakespeare
 #   python train.py config/shakespeare_gpu.py                       # Leviathan
 #   python train.py config/shakespeare_gpu.py --embedding=tied      # baseline
 #   torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_gpu.py
-# 302k training tokens are few for this model: it overfits after a few passes, hence dropout and a short run.
+# 302k training tokens are few for this model: it overfits after a few passes, hence dropout and a
+# short run.
 
 dataset = "shakespeare"
 out_dir = "out-shakespeare-gpu-{embedding}"
@@ -16,8 +18,9 @@ n_head = 6
 n_embd = 384
 block_size = 256
 dropout = 0.2
-# LEV's ids per chunk: the default 64 suits a CPU's caches; a GPU is only filled by far more work per kernel
-# (a 16,384-token batch holds a few thousand distinct ids). Not tuned: no GPU was at hand to measure it.
+# LEV's ids per chunk: the default 64 suits a CPU's caches; a GPU is only filled by far more work
+# per kernel (a 16,384-token batch holds a few thousand distinct ids). Not tuned: no GPU was at hand
+# to measure it.
 lev_chunk = 1024
 
 # 2,000 steps of 64 x 256 = 16,384 tokens: 33M tokens, about 100 passes over the training split

@@ -35,13 +35,13 @@ def c_library():
     if "library" not in _c_state:
         try:
             _c_state["library"] = load_c_library(build_c_library())
-        except (OSError, RuntimeError, subprocess.SubprocessError) as error:  # RuntimeError: no home
-            _c_state["library"] = None
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            _c_state["library"] = None  # RuntimeError: no home
             first_line = (getattr(error, "stderr", None) or str(error)).strip().splitlines() or [""]
             warnings.warn(f"LEV: could not build its C kernels ({type(error).__name__}: "
-                          f"{first_line[0][:200]}); torch's kernels run instead, ~3x slower on CPU. "
-                          f"Install a C compiler (or set CC), or turn the C kernels off (train.py "
-                          f"--lev_c_kernels=False) to skip the attempt.", stacklevel=2)
+                          f"{first_line[0][:200]}); torch's kernels run instead, ~3x slower on "
+                          f"CPU. Install a C compiler (or set CC), or turn the C kernels off "
+                          f"(train.py --lev_c_kernels=False) to skip the attempt.", stacklevel=2)
     return _c_state["library"]
 
 
@@ -50,13 +50,15 @@ def build_c_library():
     -> the path of the shared library."""
     compiler = shlex.split(os.environ.get("CC") or shutil.which("cc") or "gcc")  # CC: "ccache gcc"
     source = C_SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(C_FLAGS).encode(), " ".join(compiler).encode(),
-                                     platform.node().encode(), platform.machine().encode()]))
+    build_inputs = [source, " ".join(C_FLAGS).encode(), " ".join(compiler).encode(),
+                    platform.node().encode(), platform.machine().encode()]
+    key = hashlib.sha256(b"\0".join(build_inputs))
     cache = Path(os.environ.get("LEVIATHAN_CACHE") or Path.home() / ".cache" / "leviathan")
     library = cache / f"lev_kernels-{key.hexdigest()[:16]}.so"
     if not library.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a file
+        # built aside, then renamed: never half a file
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
             built = Path(tmp) / library.name
             for openmp in (["-fopenmp"], []):
                 command = [*compiler, *C_FLAGS, *openmp, str(C_SOURCE), "-o", str(built), "-lm"]
@@ -72,10 +74,10 @@ def build_c_library():
 
 def load_c_library(path):
     library = ctypes.CDLL(str(path))
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     for name in C_TYPES.values():
-        getattr(library, f"lev_forward_{name}").argtypes = [ptr] * 3 + [i64] * 5 + [ctypes.c_int] * 2
-        getattr(library, f"lev_backward_{name}").argtypes = [ptr] * 5 + [i64] * 5 + [ctypes.c_int] * 2
+        getattr(library, f"lev_forward_{name}").argtypes = [ptr] * 3 + [i64] * 5 + [c_int] * 2
+        getattr(library, f"lev_backward_{name}").argtypes = [ptr] * 5 + [i64] * 5 + [c_int] * 2
     return library
 
 
@@ -92,7 +94,8 @@ def c_spline_product(t, S_padded, normalize):
 
 
 def c_spline_product_backward(t, S_padded, G, normalize):
-    """SplineProduct's backward in C, from G = dL/dM * M (U, h, r) -> dL/dt (U, h, d), dL/dS_padded."""
+    """SplineProduct's backward in C, from G = dL/dM * M (U, h, r) -> dL/dt (U, h, d),
+    dL/dS_padded."""
     (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
     check_c_operands(t, S_padded, G)
     t, S_padded, G = t.contiguous(), S_padded.contiguous(), G.contiguous()
@@ -109,10 +112,12 @@ def check_c_operands(t, S_padded, *others):
     clamp its knot index; SplineProduct gives non-finite t NaN modes before calling them.)"""
     h, d = t.shape[1:]
     operands = (t, S_padded, *others)
-    ok = (t.dtype in C_TYPES and all(x.device.type == "cpu" and x.dtype == t.dtype for x in operands)
+    ok = (t.dtype in C_TYPES
+          and all(x.device.type == "cpu" and x.dtype == t.dtype for x in operands)
           and S_padded.dim() == 3 and S_padded.shape[0] == h * d and S_padded.shape[1] >= 3
           and all(x.shape == (len(t), h, S_padded.shape[2]) for x in others))
     if not ok:
-        raise ValueError(f"LEV's C kernels: operands of shapes {[tuple(x.shape) for x in operands]}, "
-                         f"dtypes {[x.dtype for x in operands]}; expected (U, h, d), (h*d, kappa+2, "
-                         f"r) and (U, h, r), all fp32 or all fp64 on the CPU")
+        shapes = [tuple(x.shape) for x in operands]
+        raise ValueError(f"LEV's C kernels: operands of shapes {shapes}, "
+                         f"dtypes {[x.dtype for x in operands]}; expected (U, h, d), "
+                         f"(h*d, kappa+2, r) and (U, h, r), all fp32 or all fp64 on the CPU")

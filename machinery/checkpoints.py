@@ -10,6 +10,7 @@ import pickle
 
 import torch
 
+from machinery import dataset
 from machinery.cli import atomic_path, one_line
 
 # --------------------------------------------------------------------------------------------------
@@ -21,12 +22,13 @@ from machinery.cli import atomic_path, one_line
 # optimizer, rng (and scaler).
 
 CHECKPOINT_VERSION = 2
-RESUME_KEYS = {"train_config": dict, "step": int, "tokens_seen": int, "best_val_loss": float, "optimizer": dict,
-               "rng": dict}
+RESUME_KEYS = {"train_config": dict, "step": int, "tokens_seen": int, "best_val_loss": float,
+               "optimizer": dict, "rng": dict}
 # version 1 -> 2: LEV's settings renamed to one scheme, the output head renamed lm_head, the run
 # settings lev_chunk and lev_compile out of the model's config, and the spline basis normalised
 # (version 1 models were trained with the plain basis, so they keep it)
-V1_RENAMES = {"n_digits": "lev_digits", "d_seed": "lev_seed_dim", "n_lev_heads": "lev_heads", "n_knots": "lev_knots"}
+V1_RENAMES = {"n_digits": "lev_digits", "d_seed": "lev_seed_dim", "n_lev_heads": "lev_heads",
+              "n_knots": "lev_knots"}
 # Config fields added after checkpoints of the current format were first written, with the value
 # that those checkpoints' models were made with (not today's default where it differs): W_out's init
 # std was 0.02
@@ -40,8 +42,9 @@ def save_checkpoint(ckpt, path):
         with atomic_path(path) as tmp:
             torch.save(ckpt, tmp)
     except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as a RuntimeError
-        raise OSError(f"could not write {path} ({one_line(e)[:200]}); the previous {os.path.basename(path)}, "
-                      f"if any, is unchanged. Free disk space or use another --out_dir") from None
+        raise OSError(f"could not write {path} ({one_line(e)[:200]}); the previous "
+                      f"{os.path.basename(path)}, if any, is unchanged. Free disk space or use "
+                      f"another --out_dir") from None
 
 
 def migrate_v1(ckpt):
@@ -49,10 +52,12 @@ def migrate_v1(ckpt):
     def renamed(settings):
         return {V1_RENAMES.get(key, key): value for key, value in settings.items()}
 
-    config = {k: v for k, v in renamed(ckpt["model_config"]).items() if k not in ("lev_chunk", "lev_compile")}
+    run_settings = ("lev_chunk", "lev_compile")
+    config = {k: v for k, v in renamed(ckpt["model_config"]).items() if k not in run_settings}
     config.setdefault("lev_normalize_basis", False)
     ckpt["model_config"] = config
-    ckpt["model"] = {("lm_head.weight" if k == "head.weight" else k): v for k, v in ckpt["model"].items()}
+    ckpt["model"] = {("lm_head.weight" if k == "head.weight" else k): v
+                     for k, v in ckpt["model"].items()}
     if isinstance(ckpt.get("train_config"), dict):
         ckpt["train_config"] = renamed(ckpt["train_config"])
     ckpt["version"] = CHECKPOINT_VERSION
@@ -66,15 +71,18 @@ def read_checkpoint(path, device="cpu", for_resume=False):
     if os.path.isdir(path):
         path = os.path.join(path, "ckpt.pt")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}; train one first (python train.py ...) or fix the path")
+        raise FileNotFoundError(f"no checkpoint at {path}; train one first (python train.py ...) "
+                                f"or fix the path")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as e:  # torch's message advises loading the file unsafely: not passed on
+    except pickle.UnpicklingError as e:
+        # torch's message advises loading the file unsafely: not passed on
         if "GLOBAL" not in str(e):  # not a pickle of tensors at all
-            raise ValueError(f"{path} is not a readable leviathan checkpoint (not a torch.save file of tensors "
-                             f"and plain values)") from None
-        raise ValueError(f"{path} is not a leviathan checkpoint: it holds Python objects other than tensors and "
-                         f"plain values, which could run code when loaded; it was refused unread") from None
+            raise ValueError(f"{path} is not a readable leviathan checkpoint (not a torch.save "
+                             f"file of tensors and plain values)") from None
+        raise ValueError(f"{path} is not a leviathan checkpoint: it holds Python objects other "
+                         f"than tensors and plain values, which could run code when loaded; it was "
+                         f"refused unread") from None
     except Exception as e:  # a truncated file, not a zip archive, ...
         raise ValueError(f"{path} is not a readable leviathan checkpoint ({type(e).__name__}: "
                          f"{one_line(e)[:200]})") from None
@@ -82,33 +90,41 @@ def read_checkpoint(path, device="cpu", for_resume=False):
     if version == 1:
         ckpt = migrate_v1(ckpt)
     elif version != CHECKPOINT_VERSION:
-        raise ValueError(f"{path} is a checkpoint of format version {version!r}; this code reads versions 1 and "
-                         f"{CHECKPOINT_VERSION}. Use the leviathan version that wrote it, or retrain")
-    need = {"model": dict, "model_config": dict, "meta": dict, **(RESUME_KEYS if for_resume else {})}
+        raise ValueError(f"{path} is a checkpoint of format version {version!r}; this code reads "
+                         f"versions 1 and {CHECKPOINT_VERSION}. Use the leviathan version that "
+                         f"wrote it, or retrain")
+    need = {"model": dict, "model_config": dict, "meta": dict,
+            **(RESUME_KEYS if for_resume else {})}
     for key, kind in need.items():
         if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
             found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
-            raise ValueError(f"{path}: {key!r} is {found}, not a {kind.__name__}; this file was not written by "
-                             f"train.py, or was edited. Use an untouched checkpoint")
+            raise ValueError(f"{path}: {key!r} is {found}, not a {kind.__name__}; this file was "
+                             f"not written by train.py, or was edited. Use an untouched checkpoint")
     for key, value in FIELDS_ADDED.items():
         ckpt["model_config"].setdefault(key, value)
     return ckpt, path
 
 
 def build_model(ckpt, path, GPT, Config, device="cpu"):
-    """The model a checked checkpoint describes, with its weights, in eval mode (GPT, Config: leviathan's)."""
+    """The model a checked checkpoint describes, with its weights, in eval mode (GPT, Config:
+    leviathan's)."""
     unknown = set(ckpt["model_config"]) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
-        raise ValueError(f"{path} has model settings this code does not know: {', '.join(sorted(unknown))}")
+        raise ValueError(f"{path} has model settings this code does not know: "
+                         f"{', '.join(sorted(unknown))}")
     try:
         model = GPT(Config(**ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
-    except (RuntimeError, TypeError, ValueError) as e:  # it lists every tensor that does not fit: one line
-        raise ValueError(f"{path}: the weights do not fit its model settings ({one_line(e)[:300]})") from None
-    bad = [name for name, t in ckpt["model"].items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    except (RuntimeError, TypeError, ValueError) as e:
+        # it lists every tensor that does not fit: one line
+        raise ValueError(f"{path}: the weights do not fit its model settings "
+                         f"({one_line(e)[:300]})") from None
+    bad = [name for name, t in ckpt["model"].items()
+           if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
-        raise ValueError(f"{path} holds non-finite weights (NaN or inf, e.g. in {bad[0]}): the run that wrote it "
-                         f"diverged. Use an earlier checkpoint, or train again with a lower learning_rate")
+        raise ValueError(f"{path} holds non-finite weights (NaN or inf, e.g. in {bad[0]}): the run "
+                         f"that wrote it diverged. Use an earlier checkpoint, or train again with "
+                         f"a lower learning_rate")
     return model.to(device).eval()
 
 
@@ -116,3 +132,23 @@ def load_checkpoint(path, GPT, Config, device="cpu", for_resume=False):
     """Load ckpt.pt (or the ckpt.pt inside a directory) -> (model in eval mode, checkpoint dict)."""
     ckpt, path = read_checkpoint(path, device, for_resume)
     return build_model(ckpt, path, GPT, Config, device), ckpt
+
+
+def load_model_and_tokenizer(path, GPT, Config, device="cpu"):
+    """A checkpoint's model, in eval mode, and its tokenizer (characters or a tiktoken encoding,
+    named in the checkpoint's dataset metadata) -> (model, tokenizer); ValueError: what is wrong."""
+    model, ckpt = load_checkpoint(path, GPT, Config, device)
+    meta = ckpt["meta"]
+    if "tokenizer" not in meta:
+        raise ValueError(f"the checkpoint in {path} has no dataset metadata (meta) naming its "
+                         f"tokenizer; retrain it with this version of train.py")
+    try:
+        tokenizer = dataset.get_tokenizer(meta)
+    except Exception as e:  # an unknown encoding name, a tiktoken file not to be had offline, ...
+        raise ValueError(f"cannot build the checkpoint's tokenizer {meta['tokenizer']!r} "
+                         f"({type(e).__name__}: {e})") from None
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the checkpoint's tokenizer {meta['tokenizer']!r} has "
+                         f"{tokenizer.vocab_size} tokens but its model has vocab_size="
+                         f"{model.config.vocab_size}; the checkpoint is inconsistent")
+    return model, tokenizer

@@ -29,7 +29,8 @@ def fail(prog, message):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad flag gives one line (not the usage block, then the error) and exit code 2."""
+    """argparse, but a bad flag gives one line (not the usage block, then the error) and exit code
+    2."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
@@ -63,7 +64,8 @@ def write_atomic(path, data):
 
 
 def remove_stale_temps(folder):
-    """Remove the temp files (name.tmpPID) that writers killed mid-write left in folder (their process is gone)."""
+    """Remove the temp files (name.tmpPID) that writers killed mid-write left in folder (their
+    process is gone)."""
     for tmp in glob.glob(os.path.join(glob.escape(folder), "*.tmp*")):
         match = re.search(r"\.tmp(\d+)$", tmp)
         if match and not pid_alive(int(match.group(1))):
@@ -103,7 +105,8 @@ def check_output_file(path, flag):
 
 
 def check_output_dir(folder, flag):
-    """The folder exists (or can be made) and a file can be created in it; else ValueError naming the flag."""
+    """The folder exists (or can be made) and a file can be created in it; else ValueError naming
+    the flag."""
     if not folder:
         raise ValueError(f"{flag} is empty; give a folder")
     if os.path.exists(folder) and not os.path.isdir(folder):
@@ -115,4 +118,5 @@ def check_output_dir(folder, flag):
             pass
         os.remove(probe)
     except OSError as e:
-        raise ValueError(f"{flag}: cannot write in {folder} ({e.strerror}); give a writable path") from None
+        raise ValueError(f"{flag}: cannot write in {folder} ({e.strerror}); "
+                         f"give a writable path") from None

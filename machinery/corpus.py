@@ -130,8 +130,8 @@ def init_pool_worker(*worker_args):
 
 
 def jsonl_documents(block, path, first_line, text_field):
-    """The texts of a block of .jsonl lines (blank lines skipped) -> (texts, None), or (None,
-    one-line error)."""
+    """The texts of a block of .jsonl lines (blank lines skipped) -> (texts, None), or
+    (None, one-line error)."""
     texts = []
     for i, raw in enumerate(block.split(b"\n")):
         if not raw.strip():

@@ -68,8 +68,8 @@ class DecodeSession:
 
 
 class DecodeHead:
-    """The head of one generation call, laid out for one token at a time: head(x (B, n_embd)) -> (B,
-    V).
+    """The head of one generation call, laid out for one token at a time:
+    head(x (B, n_embd)) -> (B, V).
 
     Decoding multiplies one hidden state by the head per token: a matrix-vector product that reads
     all V x n_embd weights to do 2 FLOPs with each. On CPU, MKL runs x @ W.T with W row-major
@@ -88,8 +88,9 @@ class DecodeHead:
         if threads == 1:
             self.weight_T, self.blocks = right_operand(weight), None
         else:
-            width = -(-self.vocab_size // threads)  # columns per block; the last one padded with zeros
-            padded = F.pad(weight, (0, 0, 0, threads * width - self.vocab_size))  # (threads * width, C)
+            # columns per block; the last one padded with zeros: padded is (threads * width, C)
+            width = -(-self.vocab_size // threads)
+            padded = F.pad(weight, (0, 0, 0, threads * width - self.vocab_size))
             self.weight_T = None
             self.blocks = padded.view(threads, width, n_embd).transpose(1, 2).contiguous()
 
@@ -118,31 +119,37 @@ class Decoder:
         # the norms' forward, called without the module call's overhead (~1 us, 9 times per token)
         self.blocks = [dict(attn_norm=b.attn_norm.forward, qkv=right_operand(b.attn.qkv.weight),
                             proj=right_operand(b.attn.proj.weight), mlp_norm=b.mlp_norm.forward,
-                            gate=right_operand(b.mlp.gate.weight), up=right_operand(b.mlp.up.weight),
+                            gate=right_operand(b.mlp.gate.weight),
+                            up=right_operand(b.mlp.up.weight),
                             down=right_operand(b.mlp.down.weight)) for b in model.blocks]
         self.head = head if head is not None else DecodeHead(model.lm_head.weight)
         # rotary tables the width of a head: x * [cos, cos] + roll(x, hs/2) * [-sin, sin] rotates as
         # apply_rotary does
         cos, sin = model.rope_cos.flatten(1), model.rope_sin.flatten(1)  # (block_size, hs/2)
-        self.cos, self.sin = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (block_size, hs)
+        # both (block_size, hs)
+        self.cos, self.sin = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
 
     def step(self, x, kv):
-        """x: (B, 1, n_embd) input embeddings -> logits (B, 1, V); the token's keys and values join kv."""
+        """x: (B, 1, n_embd) input embeddings -> logits (B, 1, V); the token's keys and values join
+        kv."""
         B, pos = x.shape[0], kv.pos
         if x.shape[1] != 1 or pos >= self.model.config.block_size:
-            raise ValueError(f"Decoder.step takes one token into a cache with room: got {x.shape[1]} "
-                             f"at {pos}")
+            raise ValueError(f"Decoder.step takes one token into a cache with room: "
+                             f"got {x.shape[1]} at {pos}")
         x = x.view(B, -1)  # (B, C)
         cos, sin = self.cos[pos], self.sin[pos]  # (hs,)
         for layer, w in enumerate(self.blocks):
             qkv = (w["attn_norm"](x) @ w["qkv"]).view(B, 3, self.n_head, self.head_size)
-            qk = qkv[:, :2]  # queries and keys, rotated as apply_rotary: x1 cos - x2 sin | x2 cos + x1 sin
+            # queries and keys, rotated as apply_rotary: x1 cos - x2 sin | x2 cos + x1 sin
+            qk = qkv[:, :2]
             qk = qk * cos + qk.roll(self.head_size // 2, dims=-1) * sin  # (B, 2, nh, hs)
-            k, v = kv.update(layer, qk[:, 1].unsqueeze(2), qkv[:, 2].unsqueeze(2))  # (B, nh, pos + 1, hs)
+            # k, v: (B, nh, pos + 1, hs)
+            k, v = kv.update(layer, qk[:, 1].unsqueeze(2), qkv[:, 2].unsqueeze(2))
             y = F.scaled_dot_product_attention(qk[:, 0].unsqueeze(2), k, v)  # (B, nh, 1, hs)
             x = add_matmul(x, y.view(B, -1), w["proj"])  # x + proj(y)
             h = w["mlp_norm"](x)
-            x = add_matmul(x, F.silu(h @ w["gate"]) * (h @ w["up"]), w["down"])  # x + down(silu * up)
+            gated = F.silu(h @ w["gate"]) * (h @ w["up"])
+            x = add_matmul(x, gated, w["down"])  # x + down(silu * up)
         kv.pos += 1
         return self.head(self.model.norm.forward(x)).view(B, 1, -1)
 

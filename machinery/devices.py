@@ -6,20 +6,26 @@ import torch
 
 
 def resolve_device(name):
-    """'auto' -> cuda if available, else mps, else cpu; an explicit device must be available (else ValueError)."""
+    """'auto' -> cuda if available, else mps, else cpu; an explicit device must be available (else
+    ValueError)."""
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device=cuda but torch sees no CUDA GPU; use --device=cpu or --device=auto")
+        raise ValueError("--device=cuda but torch sees no CUDA GPU; "
+                         "use --device=cpu or --device=auto")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device=mps but this torch has no MPS (Apple GPU) support; use --device=cpu or auto")
+        raise ValueError("--device=mps but this torch has no MPS (Apple GPU) support; "
+                         "use --device=cpu or auto")
     if name not in ("cpu", "cuda", "mps"):
         raise ValueError(f"--device={name}; choose auto, cpu, cuda or mps")
     return name
 
 
 def resolve_dtype(name, device_type):
-    """'auto' -> bfloat16 on CUDA (float16 where bf16 is unsupported), float32 elsewhere; returns the name."""
+    """'auto' -> bfloat16 on CUDA (float16 where bf16 is unsupported), float32 elsewhere; returns
+    the name."""
     if name == "auto":
         if device_type != "cuda":
             return "float32"

@@ -36,15 +36,16 @@ class FastEmbedder:
     def __call__(self, lev, ids):
         t = lev.unit_coords(lev.seed(ids))  # (U, h, d_seed)
         kernels = self.kernels(t, lev.spline)
-        M = SplineProduct.apply(t, lev.spline, self.chunk, kernels, lev.normalize_basis)  # (U, h, r)
+        M = SplineProduct.apply(t, lev.spline, self.chunk, kernels,
+                                lev.normalize_basis)  # (U, h, r)
         return lev.mix_heads(M)
 
     def kernels(self, t, spline):
         """Which kernels SplineProduct runs for coordinates t: "c" (lev_kernels.c: CPU, fp32 or
         fp64, where a C compiler built it), else torch's, "compiled" in training (which runs them
         every step) and "eager" otherwise (inference meets each id once)."""
-        if (self.c_kernels and t.device.type == "cpu" and t.dtype in C_TYPES and spline.dtype == t.dtype
-                and c_library() is not None):
+        if (self.c_kernels and t.device.type == "cpu" and t.dtype in C_TYPES
+                and spline.dtype == t.dtype and c_library() is not None):
             return "c"
         return "compiled" if self.compile_kernels and torch.is_grad_enabled() else "eager"
 
@@ -52,11 +53,11 @@ class FastEmbedder:
 def bspline_weights3(t, n_knots, normalize):
     """leviathan.bspline_basis, keeping only its (at most) 3 non-zero knots: t (...) -> (j, w, dw),
     where knots j-1, j, j+1 (j = the nearest knot) carry weights w (..., 3) and derivatives dw/dt
-    (..., 3). With
-    s = t (n_knots - 1) and f = s - j in [-0.5, 0.5]:  w = (0.5 (0.5 - f)^2, 0.75 - f^2, 0.5 (0.5 + f)^2).
+    (..., 3). With s = t (n_knots - 1) and f = s - j in [-0.5, 0.5]:
+        w = (0.5 (0.5 - f)^2, 0.75 - f^2, 0.5 (0.5 + f)^2).
     A knot -1 or n_knots gets weight 0 when normalize (it does not exist) and its w otherwise (S's
-    zero padding cancels it); normalize then divides by W = sum(w), so dw becomes (dw - w dW / W) /
-    W."""
+    zero padding cancels it); normalize then divides by W = sum(w), so dw becomes
+    (dw - w dW / W) / W."""
     s = t * (n_knots - 1)
     j = s.round()  # t must be finite (SplineProduct checks): a NaN would become a wild knot index
     f = s - j
@@ -87,7 +88,8 @@ def spline_3knots(S_padded, j, w):
     if torch.compiler.is_compiling() or S_padded.device.type not in ("cpu", "cuda"):
         return spline_3knots_indexing(S_padded, j, w)
     hd, n_padded, r = S_padded.shape
-    first_row = torch.arange(hd, device=j.device).unsqueeze(1) * n_padded  # of each i in S_padded's rows
+    # the first row of each i in S_padded's rows
+    first_row = torch.arange(hd, device=j.device).unsqueeze(1) * n_padded
     rows = (first_row + j).unsqueeze(-1) + torch.arange(3, device=j.device)  # (h*d, u, 3)
     phi = F.embedding_bag(rows.reshape(-1, 3), S_padded.view(-1, r), mode="sum",
                           per_sample_weights=w.reshape(-1, 3))
@@ -111,7 +113,8 @@ def log_mode_chunk(t, S_padded, group, normalize):
     partial products."""
     u, h, d = t.shape
     n_padded, r = S_padded.shape[1:]
-    j, w, _ = bspline_weights3(t.reshape(u, h * d).T, n_padded - 2, normalize)  # (h*d, u), (h*d, u, 3)
+    # j (h*d, u), w (h*d, u, 3)
+    j, w, _ = bspline_weights3(t.reshape(u, h * d).T, n_padded - 2, normalize)
     phi = spline_3knots(S_padded, j, w).view(h, d // group, group, u, r)
     partial = phi.prod(2)  # (h, d / group, u, r)
     log_abs = partial.abs().log().sum(1)  # (h, u, r)
@@ -124,17 +127,18 @@ def log_mode_chunk_backward(t, S_padded, G, normalize):
     """Backward of SplineProduct for a chunk of u ids, phi recomputed: t (u, h, d), G = dL/dM * M
     (u, h, r) -> dL/dt (u, h, d), dL/dS_padded (h*d, kappa + 2, r). With M = prod_d phi:
         dL/dphi[h, d, u, :] = G[u, h, :] / phi[h, d, u, :]
-        dL/dt               = sum_r dL/dphi * dphi/dt,   dphi/dt = the spline with the basis' derivatives
+        dL/dt               = sum_r dL/dphi * dphi/dt,   dphi/dt = spline of the basis' derivatives
         dL/dS[h, d, k, :]   = sum_u w_k(t[u, h, d]) dL/dphi[h, d, u, :]
     A factor phi exactly 0 gives 0/0 = NaN here, as it does in autograd through the plain recipe."""
     u, h, d = t.shape
     n_padded, r = S_padded.shape[1:]
-    j, w, dw = bspline_weights3(t.reshape(u, h * d).T, n_padded - 2, normalize)  # (h*d, u), (h*d, u, 3)
+    # j (h*d, u), w and dw (h*d, u, 3)
+    j, w, dw = bspline_weights3(t.reshape(u, h * d).T, n_padded - 2, normalize)
     phi = spline_3knots(S_padded, j, w).view(h, d, u, r)
     grad_phi = (G.transpose(0, 1).unsqueeze(1) / phi).view(h * d, u, r)
     grad_t = (grad_phi * spline_3knots(S_padded, j, dw)).sum(-1)  # (h*d, u)
-    # dL/dS as one batched matmul, over a dense basis (h*d, kappa + 2, u) holding the 3 weights of
-    # each t
+    # dL/dS as one batched matmul, over a dense basis (h*d, kappa + 2, u)
+    # holding the 3 weights of each t
     knots = j.unsqueeze(1) + torch.arange(3, device=t.device).view(3, 1)  # (h*d, 3, u)
     basis = torch.zeros(h * d, n_padded, u, dtype=t.dtype, device=t.device)
     basis.scatter_(1, knots, w.transpose(1, 2))
@@ -142,7 +146,8 @@ def log_mode_chunk_backward(t, S_padded, G, normalize):
 
 
 _compiled_kernels = {}  # kernel -> its torch.compile wrapper
-_compile_failures = {}  # device type ("cpu", "cuda", ...) -> the error that made compiling fail there
+# device type ("cpu", "cuda", ...) -> the error that made compiling fail there
+_compile_failures = {}
 
 
 def run_kernel(kernel, *args, compile=True):
@@ -167,15 +172,16 @@ def run_kernel(kernel, *args, compile=True):
         result = kernel(*args)  # a genuine error raises again here, from the plain code
         _compile_failures[device] = error
         detail = (str(error).strip().splitlines() or [""])[0][:200]
-        warnings.warn(f"LEV: torch.compile of its kernels failed on {device} ({type(error).__name__}: "
-                      f"{detail}); they run eagerly from now on, ~2.3x slower. --lev_compile=False skips "
-                      f"the attempt.",
+        warnings.warn(f"LEV: torch.compile of its kernels failed on {device} "
+                      f"({type(error).__name__}: {detail}); they run eagerly from now on, ~2.3x "
+                      f"slower. --lev_compile=False skips the attempt.",
                       stacklevel=1)  # raised from inside autograd: no caller frame of the user's
         return result
 
 
 def torch_spline_product(t, S_padded, chunk, compile, normalize):
-    """SplineProduct's forward through torch's kernels, `chunk` ids at a time: t (U, h, d) -> M (U, h, r)."""
+    """SplineProduct's forward through torch's kernels, `chunk` ids at a time:
+    t (U, h, d) -> M (U, h, r)."""
     M = t.new_empty(*t.shape[:2], S_padded.shape[2])
     group = math.gcd(t.shape[2], 8)
     for c in range(0, len(t), chunk):
@@ -189,12 +195,13 @@ def torch_spline_product(t, S_padded, chunk, compile, normalize):
 
 
 def torch_spline_product_backward(t, S_padded, G, chunk, compile, normalize):
-    """SplineProduct's backward through torch's kernels, from G = dL/dM * M -> dL/dt, dL/dS_padded."""
+    """SplineProduct's backward through torch's kernels, from G = dL/dM * M -> dL/dt,
+    dL/dS_padded."""
     grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
     for c in range(0, len(t), chunk):
         at = slice(c, c + chunk)
-        grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at], normalize,
-                                              compile=compile)
+        grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at],
+                                              normalize, compile=compile)
         grad_S += grad_S_chunk
     return grad_t, grad_S
 
@@ -244,7 +251,8 @@ class SplineProduct(torch.autograd.Function):
         if not ctx.finite:
             nan_S = S_padded.new_full((h, d, n_padded - 2, r), float("nan"))
             return torch.full_like(t, float("nan")), nan_S, None, None, None
-        with torch.autocast(t.device.type, enabled=False):  # fp32 like the forward, even under autocast
+        # fp32 like the forward, even under autocast
+        with torch.autocast(t.device.type, enabled=False):
             G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
             if ctx.kernels == "c":
                 grad_t, grad_S = c_spline_product_backward(t, S_padded, G, ctx.normalize)
@@ -269,7 +277,8 @@ class EmbeddingCache:
     def lookup(self, ids):
         """ids: (U,) distinct -> (U, n_embd); LEV.forward's embed_distinct."""
         if torch.is_grad_enabled():
-            raise RuntimeError("an EmbeddingCache is for gradient-free use: the weights change in training")
+            raise RuntimeError("an EmbeddingCache is for gradient-free use: "
+                               "the weights change in training")
         if self.slot is None:
             self.slot = torch.full((self.lev.vocab_size,), -1, dtype=torch.long, device=ids.device)
             self.rows = self.lev.out_proj.new_empty(0, self.lev.n_embd)

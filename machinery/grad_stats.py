@@ -40,8 +40,8 @@ def clip_gradients(model, grad_clip, lev_apart):
     """Clip the gradients' norm to grad_clip (0: no clipping) -> (the total norm before clipping,
     the largest norm that was compared with grad_clip), both 0-dim tensors. lev_apart (the lev arm's
     lev_clip_apart): LEV's parameters and the rest are clipped each by its own norm, so that LEV's
-    gradients, most of the total norm in the lev arm (README), no longer scale down the head's and
-    the backbone's at every clipped step."""
+    gradients, most of the total norm in the lev arm (docs/training.md), no longer scale down the
+    head's and the backbone's at every clipped step."""
     limit = grad_clip or float("inf")
     if not lev_apart:
         total = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)

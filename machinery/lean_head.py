@@ -30,20 +30,24 @@ def autocast_dtype(x, weight):
     if torch.is_autocast_enabled(device) and torch.float64 not in (x.dtype, weight.dtype):
         return torch.get_autocast_dtype(device)
     if x.dtype != weight.dtype:
-        raise TypeError(f"x is {x.dtype} but weight is {weight.dtype}; F.linear needs them equal (or autocast)")
+        raise TypeError(f"x is {x.dtype} but weight is {weight.dtype}; F.linear needs them equal "
+                        f"(or autocast)")
     return x.dtype
 
 
 class Buffers:
-    """One chunk's scratch tensors, allocated once per pass and reused by every chunk: fresh chunk x
-    V tensors for each chunk would each cost page faults (large allocations are mmap'ed afresh) and
-    slow the loop down."""
+    """One chunk's scratch tensors, allocated once per pass and reused by every chunk: fresh
+    chunk x V tensors for each chunk would each cost page faults (large allocations are mmap'ed
+    afresh) and slow the loop down."""
 
     def __init__(self, chunk, weight, dtype, acc_dtype):
         V = weight.shape[0]
-        self.w = weight.to(dtype)  # (V, D) the head in the matmul's dtype (no copy when it already is)
-        self.z = weight.new_empty(chunk, V, dtype=acc_dtype)  # (C, V) logits, then softmax, then dL/dlogits
-        self.low = weight.new_empty(chunk, V, dtype=dtype) if dtype != acc_dtype else None  # (C, V) bf16 copy
+        # (V, D) the head in the matmul's dtype (no copy when it already is)
+        self.w = weight.to(dtype)
+        # (C, V) logits, then softmax, then dL/dlogits
+        self.z = weight.new_empty(chunk, V, dtype=acc_dtype)
+        # (C, V) bf16 copy
+        self.low = weight.new_empty(chunk, V, dtype=dtype) if dtype != acc_dtype else None
         self.low_w = None  # (V, D) backward's bf16 product, made on first use
 
     def logits(self, x_c):
@@ -68,7 +72,8 @@ class Buffers:
         grad_w += torch.mm(g.t(), x_c, out=self.low_w)
 
     def low_precision(self, z):
-        """(n, V) acc_dtype -> the same values in the matmul's dtype, for the two backward matmuls."""
+        """(n, V) acc_dtype -> the same values in the matmul's dtype, for the two backward
+        matmuls."""
         return z if self.low is None else self.low[:len(z)].copy_(z)
 
 
@@ -84,9 +89,9 @@ def chunk_forward(buf, x_c, safe_c, valid_c):
 
 
 def chunk_backward(buf, probs, x_c, safe_c, scale_c, grad_x_c, grad_w):
-    """One chunk's gradients from its softmax probs (n, V), overwritten: g = scale_c * (probs -
-    onehot(target)), grad_x_c[:] = g W and grad_w += g^T x_c, each unless it is None. scale_c: (n,
-    1), 0 at ignored tokens."""
+    """One chunk's gradients from its softmax probs (n, V), overwritten:
+    g = scale_c * (probs - onehot(target)), grad_x_c[:] = g W and grad_w += g^T x_c, each unless it
+    is None. scale_c: (n, 1), 0 at ignored tokens."""
     probs.scatter_add_(1, safe_c[:, None], -torch.ones_like(scale_c))  # - onehot(target)
     g = buf.low_precision(probs.mul_(scale_c))  # (n, V) dL/dlogits, in the matmul's dtype
     if grad_x_c is not None:
@@ -100,7 +105,9 @@ def new_grads(ctx, x, weight, acc_dtype):
     in fp32 even for a bf16 weight); None for an input that needs no gradient."""
     grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
     need_w = ctx.needs_input_grad[1]
-    return grad_x, torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, acc_dtype)) if need_w else None
+    grad_w = (torch.zeros_like(weight, dtype=torch.promote_types(weight.dtype, acc_dtype))
+              if need_w else None)
+    return grad_x, grad_w
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -124,7 +131,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         safe = torch.where(valid, targets, 0)  # (N,) any real id where ignored: gather needs one
         acc_dtype = torch.promote_types(dtype, torch.float32)
         lse, loss = (x.new_empty(len(x), dtype=acc_dtype) for _ in range(2))  # (N,), (N,)
-        with torch.autocast(x.device.type, enabled=False):  # dtypes handled explicitly in Buffers.logits
+        # dtypes handled explicitly in Buffers.logits
+        with torch.autocast(x.device.type, enabled=False):
             buf = Buffers(min(chunk, len(x)), weight, dtype, acc_dtype)
             for c in range(0, len(x), chunk):
                 at = slice(c, c + chunk)
@@ -134,7 +142,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # backward is not itself differentiable: no double backward
+    # backward is not itself differentiable: no double backward
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         x, weight, safe, valid, lse = ctx.saved_tensors
         # (N,) 0 at ignored tokens, even where grad_loss is inf or NaN (a "mean" over no token
@@ -147,8 +156,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 at = slice(c, c + ctx.chunk)
                 x_c = x[at].to(ctx.dtype)  # (n, D)
                 probs = buf.logits(x_c).sub_(lse[at, None]).exp_()  # (n, V) recomputed softmax
-                chunk_backward(buf, probs, x_c, safe[at], scale[at, None], None if grad_x is None else grad_x[at],
-                               grad_w)
+                chunk_backward(buf, probs, x_c, safe[at], scale[at, None],
+                               None if grad_x is None else grad_x[at], grad_w)
         return grad_x, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
@@ -169,7 +178,8 @@ class LinearCrossEntropyEager(torch.autograd.Function):
         count = valid.sum()  # a tensor, not a Python int: no device sync
         scale = valid.to(acc_dtype)[:, None]  # (N, 1) 1, or 0 at ignored tokens
         if mean:
-            scale /= count.clamp(min=1)  # gradients 0, not NaN, when every target is ignored (as F.cross_entropy)
+            # gradients 0, not NaN, when every target is ignored (as F.cross_entropy)
+            scale /= count.clamp(min=1)
         loss = x.new_empty(len(x), dtype=acc_dtype)  # (N,)
         grad_x, grad_w = new_grads(ctx, x, weight, acc_dtype)  # (N, D), (V, D)
         with torch.autocast(x.device.type, enabled=False):
@@ -179,9 +189,11 @@ class LinearCrossEntropyEager(torch.autograd.Function):
                 x_c = x[at].to(dtype)  # (n, D)
                 _, loss[at], denominator = chunk_forward(buf, x_c, safe[at], valid[at])
                 probs = buf.z[:len(x_c)].div_(denominator)  # (n, V) softmax, from exp(z - max)
-                chunk_backward(buf, probs, x_c, safe[at], scale[at], None if grad_x is None else grad_x[at], grad_w)
+                chunk_backward(buf, probs, x_c, safe[at], scale[at],
+                               None if grad_x is None else grad_x[at], grad_w)
         ctx.save_for_backward(grad_x, None if grad_w is None else grad_w.to(weight.dtype))
-        return loss.sum() / count if mean else loss.sum()  # 0 / 0 = NaN when every target is ignored
+        # 0 / 0 = NaN when every target is ignored
+        return loss.sum() / count if mean else loss.sum()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -189,14 +201,16 @@ class LinearCrossEntropyEager(torch.autograd.Function):
         grad_x, grad_w = ctx.saved_tensors
         # in place: the saved gradients are used once (a second backward through this graph raises,
         # as usual)
-        return (None if grad_x is None else grad_x.mul_(grad_loss), None if grad_w is None else grad_w.mul_(grad_loss),
+        return (None if grad_x is None else grad_x.mul_(grad_loss),
+                None if grad_w is None else grad_w.mul_(grad_loss),
                 None, None, None, None, None)
 
 
 # under a model-wide torch.compile it runs as it is (a graph break), like LEV: its chunk loop and
 # reused buffers are the point, and they are not what inductor would make of it
 @torch.compiler.disable
-def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean", recompute=False):
+def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean",
+                         recompute=False):
     """Cross-entropy of the head's logits x @ weight^T against targets, without ever holding all the
     logits.
 
@@ -212,21 +226,24 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
     log-sum-exp and backward recomputes the logits (LinearCrossEntropy): one more matmul.
 
     Same value and gradients as F.cross_entropy(F.linear(x, weight).float(), targets,
-    ignore_index=ignore_index, reduction=reduction), autocast included, with memory O(chunk_size x
-    V) instead of O(N x V).
+    ignore_index=ignore_index, reduction=reduction), autocast included, with memory
+    O(chunk_size x V) instead of O(N x V).
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction={reduction!r}: choose mean, sum or none")
     chunk = default_chunk_size(weight.shape[0]) if chunk_size is None else chunk_size
     if chunk < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1")
-    x2, t1, dtype = x.reshape(-1, x.shape[-1]), targets.reshape(-1), autocast_dtype(x, weight)  # (N, D), (N,)
+    x2, t1 = x.reshape(-1, x.shape[-1]), targets.reshape(-1)  # (N, D), (N,)
+    dtype = autocast_dtype(x, weight)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if reduction != "none" and wants_grad and not recompute:
-        return LinearCrossEntropyEager.apply(x2, weight, t1, chunk, ignore_index, dtype, reduction == "mean")
+        return LinearCrossEntropyEager.apply(x2, weight, t1, chunk, ignore_index, dtype,
+                                             reduction == "mean")
     per_token = LinearCrossEntropy.apply(x2, weight, t1, chunk, ignore_index, dtype)  # (N,)
     if reduction == "none":
         return per_token.view(targets.shape)
     if reduction == "sum":
         return per_token.sum()
-    return per_token.sum() / (targets != ignore_index).sum()  # 0 / 0 = NaN when every target is ignored
+    # 0 / 0 = NaN when every target is ignored
+    return per_token.sum() / (targets != ignore_index).sum()

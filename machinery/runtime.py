@@ -14,8 +14,8 @@ from machinery.fast_lev import FastEmbedder
 from machinery.lean_head import linear_cross_entropy
 
 
-def set_runtime(model, lev_fast=True, lev_chunk=64, lev_c_kernels=True, lev_compile=True, lean_head=False,
-                fast_decoding=True, compile_decode=False, lev_cache=True):
+def set_runtime(model, lev_fast=True, lev_chunk=64, lev_c_kernels=True, lev_compile=True,
+                lean_head=False, fast_decoding=True, compile_decode=False, lev_cache=True):
     """Install (or remove) the fast paths of a model; each call sets all of them. The defaults are
     what a model of this project has always run with when nothing else was said: LEV's fast path,
     the plain head (the loss with all the logits; train.py turns the lean head on) and the fast
@@ -24,9 +24,9 @@ def set_runtime(model, lev_fast=True, lev_chunk=64, lev_c_kernels=True, lev_comp
       lev_fast: LEV's fast path (lev arm only); lev_chunk, lev_c_kernels, lev_compile: its settings
         (FastEmbedder). False: LEV's recipe exactly as leviathan.py writes it.
       lean_head: the loss from linear_cross_entropy, which never holds all the logits.
-      fast_decoding: generation's one-token steps through the Decoder, with the head laid out for them;
-        lev_cache: there, each id's LEV embedding computed once per call; compile_decode: the one-token
-        steps through torch.compile (GPT.backbone compiled) in place of the Decoder.
+      fast_decoding: generation's one-token steps through the Decoder, with the head laid out for
+        them; lev_cache: there, each id's LEV embedding computed once per call; compile_decode: the
+        one-token steps through torch.compile (GPT.backbone compiled) in place of the Decoder.
     """
     if model.config.embedding == "lev":
         model.tok_emb.fast_embed = (FastEmbedder(lev_chunk, lev_c_kernels, lev_compile) if lev_fast

@@ -41,33 +41,28 @@ import torch
 
 from machinery import cli
 
-# --help prints TASK_FORMATS: a line that ends in a backslash goes on in the next one
+# --help prints TASK_FORMATS
 TASK_FORMATS = """\
 task formats (--task=NAME:PATH; one JSON object per line, blank lines ignored):
-  lambada     {"text": ...}; the target is the text after its last space (OpenAI's \
-lambada_test.jsonl)
+  lambada     {"text": ...}; the target is the text after its last space (OpenAI's
+              lambada_test.jsonl)
   hellaswag   {"activity_label", "ctx_a", "ctx_b" (or "ctx"), "endings": [4 str], "label"}; context
-              "{activity_label}: {ctx_a} {ctx_b.capitalize()}", choices " {ending}", both cleaned \
-as the
-              harness does (" [title]" -> ". ", "[header]"-style tags removed, double spaces \
-collapsed)
+              "{activity_label}: {ctx_a} {ctx_b.capitalize()}", choices " {ending}", both cleaned as
+              the harness does (" [title]" -> ". ", "[header]"-style tags removed, double spaces
+              collapsed)
   piqa        {"goal", "sol1", "sol2"} with "label" in the line or in PATH's labels file beside it
-              (valid.jsonl -> valid-labels.lst, one 0/1 per line); context "Question: \
-{goal}\\nAnswer:"
-  arc         AI2's {"question": {"stem", "choices": [{"text", "label"}]}, "answerKey"} (ARC-Easy \
-and
-              ARC-Challenge); context "Question: {stem}\\nAnswer:", choices " {text}"; keys \
-letters or digits
-  winogrande  {"sentence" with one "_", "option1", "option2", "answer": "1" | "2"}; partial \
-evaluation: the
-              context is the sentence up to "_" with an option in its place, the continuation the \
-rest
-              after "_", scored alike for both options (acc only, as in the harness)
-  mc          your own task: {"context": str, "choices": [str, ...], "label": int}; each choice is \
-the
-              continuation as written (put the space in front of it, or at the end of the context: \
-the
-              same tokens and scores either way)"""
+              (valid.jsonl -> valid-labels.lst, one 0/1 per line); context
+              "Question: {goal}\\nAnswer:"
+  arc         AI2's {"question": {"stem", "choices": [{"text", "label"}]}, "answerKey"} (ARC-Easy
+              and ARC-Challenge); context "Question: {stem}\\nAnswer:", choices " {text}"; keys
+              letters or digits
+  winogrande  {"sentence" with one "_", "option1", "option2", "answer": "1" | "2"}; partial
+              evaluation: the context is the sentence up to "_" with an option in its place, the
+              continuation the rest after "_", scored alike for both options (acc only, as in the
+              harness)
+  mc          your own task: {"context": str, "choices": [str, ...], "label": int}; each choice is
+              the continuation as written (put the space in front of it, or at the end of the
+              context: the same tokens and scores either way)"""
 
 TASKS = ("lambada", "hellaswag", "piqa", "arc", "winogrande", "mc")
 

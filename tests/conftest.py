@@ -1,5 +1,5 @@
-"""Shared fixtures: a small synthetic text, tiny prepared datasets (char-level and BPE) in tmp_path, one_thread;
-and spoil_training_loss, a divergence injected at a known training step."""
+"""Shared fixtures: a small synthetic text, tiny prepared datasets (char-level and BPE) in tmp_path,
+one_thread; and spoil_training_loss, a divergence injected at a known training step."""
 
 import os
 import random
@@ -9,10 +9,11 @@ import pytest
 import tiktoken
 import torch
 
-# The suite runs everything torch.compile would compile eagerly (LEV's kernels, train.py --compile): compiling
-# takes seconds per new shape, and these tests use dozens. tests/test_compile.py switches compiling back on, with
-# the same public API, to check that the compiled kernels equal the eager ones. Subprocesses do not inherit the
-# stance: the tests that start train.py in one pass --lev_compile=False.
+# The suite runs everything torch.compile would compile eagerly (LEV's kernels, train.py --compile):
+# compiling takes seconds per new shape, and these tests use dozens. tests/test_compile.py switches
+# compiling back on, with the same public API, to check that the compiled kernels equal the eager
+# ones. Subprocesses do not inherit the stance: the tests that start train.py in one pass
+# --lev_compile=False.
 torch.compiler.set_stance("force_eager")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,9 +31,11 @@ def make_text(n_lines=400, seed=0):
     return "".join(line.capitalize() + ".\n" for line in lines)
 
 
-def lev_param_count(vocab_size, n_embd, lev_digits=3, lev_seed_dim=128, lev_heads=8, lev_knots=16, lev_rank=64):
-    """LEV's size by the paper's formula, k*b*d_seed + h*(d_seed^2 + 2*d_seed + d_seed*kappa*r + r*n_embd):
-    codebooks, then per head the seed map, its LayerNorm, the spline coefficients and the output map."""
+def lev_param_count(vocab_size, n_embd, lev_digits=3, lev_seed_dim=128, lev_heads=8, lev_knots=16,
+                    lev_rank=64):
+    """LEV's size by the paper's formula, k*b*d_seed + h*(d_seed^2 + 2*d_seed + d_seed*kappa*r +
+    r*n_embd): codebooks, then per head the seed map, its LayerNorm, the spline coefficients and the
+    output map."""
     from leviathan import digit_base
 
     d, r = lev_seed_dim, lev_rank
@@ -101,8 +104,9 @@ def make_tiny_encoding():
 
 
 def spoil_training_loss(monkeypatch, spoil, at_call=4):
-    """Make GPT.forward return spoil(loss) instead of the loss at its at_call-th call in training mode (evaluation
-    calls are not counted): a divergence injected at a known step, in this project's own model, not in torch."""
+    """Make GPT.forward return spoil(loss) instead of the loss at its at_call-th call in training
+    mode (evaluation calls are not counted): a divergence injected at a known step, in this
+    project's own model, not in torch."""
     forward = leviathan.GPT.forward
     training_calls = []
 
@@ -133,9 +137,9 @@ def run_cli(capsys):
 
 @pytest.fixture
 def one_thread():
-    """Torch on one thread, restored afterwards so that other test files are unaffected. Tiny models gain nothing
-    from threads, and on a busy machine OpenMP's waiting threads make them 10-100x slower. A test file opts in
-    with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    """Torch on one thread, restored afterwards so that other test files are unaffected. Tiny models
+    gain nothing from threads, and on a busy machine OpenMP's waiting threads make them 10-100x
+    slower. A test file opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -144,9 +148,9 @@ def one_thread():
 
 @pytest.fixture
 def exact_fp32():
-    """Plain fp32 matmuls on CUDA (no TF32), so that fp32 comparisons mean fp32. train.py turns TF32 on for speed; the
-    flags are put back after each test, so that the files run after this one are unaffected. (Set by hand:
-    monkeypatch cannot undo these properties of torch.backends.)"""
+    """Plain fp32 matmuls on CUDA (no TF32), so that fp32 comparisons mean fp32. train.py turns TF32
+    on for speed; the flags are put back after each test, so that the files run after this one are
+    unaffected. (Set by hand: monkeypatch cannot undo these properties of torch.backends.)"""
     flags = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32")]
     saved = [getattr(module, name) for module, name in flags]
     for module, name in flags:
@@ -158,9 +162,9 @@ def exact_fp32():
 
 @pytest.fixture
 def compiling(monkeypatch):
-    """torch.compile really on (the suite's stance is force_eager), with fresh compiled kernels for each test
-    (LEV's cache of compiled kernels and of compile failures is emptied; dynamo's counters too, so that a test can
-    check that it really compiled)."""
+    """torch.compile really on (the suite's stance is force_eager), with fresh compiled kernels for
+    each test (LEV's cache of compiled kernels and of compile failures is emptied; dynamo's counters
+    too, so that a test can check that it really compiled)."""
     from torch._dynamo.utils import counters
 
     from machinery import fast_lev

@@ -1,6 +1,7 @@
-"""Bad input and failures, across the scripts, as a hostile user would try them: every case is one actionable line
-on stderr and exit code 2 (never a traceback, never a silent success), and no failure ever loses the last good
-checkpoint. prepare_data.py's cases live in tests/test_prepare_data.py."""
+"""Bad input and failures, across the scripts, as a hostile user would try them: every case is one
+actionable line on stderr and exit code 2 (never a traceback, never a silent success), and no
+failure ever loses the last good checkpoint. prepare_data.py's cases live in
+tests/test_prepare_data.py."""
 
 import importlib.util
 import os
@@ -17,18 +18,20 @@ from machinery import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16", "--lev_heads=2",
-        "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
-        "--device=cpu"]
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16",
+        "--lev_heads=2", "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2",
+        "--log_interval=1", "--warmup_iters=2", "--device=cpu"]
 
 
 def train_cli(run_cli, data, out, *args, dataset="tiny_char"):
-    return run_cli(train.main, [f"--data_dir={data}", f"--dataset={dataset}", f"--out_dir={out}", *TINY, *args])
+    return run_cli(train.main, [f"--data_dir={data}", f"--dataset={dataset}", f"--out_dir={out}",
+                                *TINY, *args])
 
 
 def assert_one_line(code, err, message, prog):
     assert code == 2, (code, err)
-    assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert (err.startswith(f"{prog}: error: ") and err.count("\n") == 1
+            and "Traceback" not in err), err
     assert message in err, err
 
 
@@ -40,7 +43,8 @@ def all_finite(path):
 @pytest.fixture
 def trained(tmp_path, char_data, run_cli):
     """A finished 2-step lev run in tmp_path/run (checkpoint at step 2)."""
-    code, _, err = train_cli(run_cli, char_data, tmp_path / "run", "--max_iters=2", "--eval_interval=2")
+    code, _, err = train_cli(run_cli, char_data, tmp_path / "run", "--max_iters=2",
+                             "--eval_interval=2")
     assert code == 0, err
     return tmp_path / "run"
 
@@ -54,7 +58,7 @@ def edited_checkpoint(src, dst, edit):
     return dst
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # train.py
 
 
@@ -66,7 +70,8 @@ def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli
         (["--n_embd=0"], "n_embd=0 must be a positive integer"),
         (["--learning_rate=nan"], "learning_rate='nan' must be a number"),
         (["--learning_rate=1e999"], "learning_rate=inf must be a finite number"),
-        (["--min_lr=0.01", "--learning_rate=0.001"], "min_lr=0.01 must not exceed learning_rate=0.001"),
+        (["--min_lr=0.01", "--learning_rate=0.001"],
+         "min_lr=0.01 must not exceed learning_rate=0.001"),
         (["--dropout=1.5"], "dropout=1.5 must be in [0, 1)"),
         (["--seed=-1"], "seed=-1 must be in [0, 2^63"),
         (["--lev_chunk=0"], "lev_chunk=0 must be at least 1"),
@@ -74,9 +79,12 @@ def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli
         (["--lev_lr_scale=nan"], "lev_lr_scale='nan' must be a number"),
         (["--lev_wd_scale=-1"], "lev_wd_scale=-1.0 must be >= 0"),
         (["--lev_wd_scale=1e999"], "lev_wd_scale=inf must be a finite number"),
-        (["--embedding=tied", "--lev_lr_scale=0.5"], "lev_lr_scale=0.5 applies to LEV, and --embedding=tied has none"),
-        (["--embedding=untied", "--lev_wd_scale=0"], "lev_wd_scale=0.0 applies to LEV, and --embedding=untied has"),
-        (["--embedding=tied", "--lev_clip_apart=True"], "lev_clip_apart=True applies to LEV, and --embedding=tied"),
+        (["--embedding=tied", "--lev_lr_scale=0.5"],
+         "lev_lr_scale=0.5 applies to LEV, and --embedding=tied has none"),
+        (["--embedding=untied", "--lev_wd_scale=0"],
+         "lev_wd_scale=0.0 applies to LEV, and --embedding=untied has"),
+        (["--embedding=tied", "--lev_clip_apart=True"],
+         "lev_clip_apart=True applies to LEV, and --embedding=tied"),
         (["--lev_clip_apart=maybe"], "lev_clip_apart='maybe' must be True or False"),
         (["--lev_out_init_std=nan"], "lev_out_init_std='nan' must be a number"),
         (["--lev_out_init_std=0"], "lev_out_init_std=0.0 must be a finite number > 0"),
@@ -91,8 +99,8 @@ def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli
     ]
     for args, message in cases:
         out = args[0].split("=", 1)[1] if args[0].startswith("--out_dir") else tmp_path / "out"
-        code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char", f"--out_dir={out}",
-                                            *TINY, *args])
+        code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char",
+                                            f"--out_dir={out}", *TINY, *args])
         assert_one_line(code, err, message, "train.py")
     assert not (tmp_path / "out").exists()  # nothing was written for a bad setting
 
@@ -100,8 +108,10 @@ def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli
 def test_train_refuses_damaged_data(tmp_path, char_data, run_cli):
     meta_path = char_data / "tiny_char" / "meta.json"
     meta = meta_path.read_text()
-    for bad, message in [(meta.replace('"uint16"', '"float64"'), "dtype='float64' is not uint16 or uint32"),
-                         (meta.replace('"train_tokens": ', '"train_tokens": -'), "must be non-negative integers"),
+    for bad, message in [(meta.replace('"uint16"', '"float64"'),
+                          "dtype='float64' is not uint16 or uint32"),
+                         (meta.replace('"train_tokens": ', '"train_tokens": -'),
+                          "must be non-negative integers"),
                          ("[1, 2]", "lacks tokenizer")]:
         meta_path.write_text(bad)
         code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=1")
@@ -121,15 +131,21 @@ def test_resuming_an_edited_or_foreign_checkpoint_is_refused(tmp_path, char_data
     (tmp_path / "evil").mkdir()
     torch.save({"version": 2, "model": Evil()}, tmp_path / "evil" / "ckpt.pt")
     cases = [
-        (edited_checkpoint(trained, tmp_path / "no_opt", lambda c: c.pop("optimizer")), "'optimizer' is missing"),
-        (edited_checkpoint(trained, tmp_path / "no_meta", lambda c: c.pop("meta")), "'meta' is missing"),
-        (edited_checkpoint(trained, tmp_path / "no_rng", lambda c: c.pop("rng")), "'rng' is missing"),
-        (edited_checkpoint(trained, tmp_path / "str_step", lambda c: c.update(step="2")), "'step' is a str"),
+        (edited_checkpoint(trained, tmp_path / "no_opt", lambda c: c.pop("optimizer")),
+         "'optimizer' is missing"),
+        (edited_checkpoint(trained, tmp_path / "no_meta", lambda c: c.pop("meta")),
+         "'meta' is missing"),
+        (edited_checkpoint(trained, tmp_path / "no_rng", lambda c: c.pop("rng")),
+         "'rng' is missing"),
+        (edited_checkpoint(trained, tmp_path / "str_step", lambda c: c.update(step="2")),
+         "'step' is a str"),
         (edited_checkpoint(trained, tmp_path / "bad_rng", lambda c: c.update(rng={"data": 3})),
          "its random states (rng) are unusable"),
-        (edited_checkpoint(trained, tmp_path / "bad_opt", lambda c: c["optimizer"].update(param_groups=[])),
+        (edited_checkpoint(trained, tmp_path / "bad_opt",
+                           lambda c: c["optimizer"].update(param_groups=[])),
          "its optimizer state does not fit the model"),
-        (edited_checkpoint(trained, tmp_path / "bad_weights", lambda c: c["model"].pop("norm.weight")),
+        (edited_checkpoint(trained, tmp_path / "bad_weights",
+                           lambda c: c["model"].pop("norm.weight")),
          "the weights do not fit its model settings"),
         (tmp_path / "evil", "could run code when loaded; it was refused unread"),
     ]
@@ -143,24 +159,27 @@ def test_resuming_an_edited_or_foreign_checkpoint_is_refused(tmp_path, char_data
 def test_a_scratch_run_never_replaces_a_run_unless_asked(tmp_path, char_data, run_cli, trained):
     before = (trained / "ckpt.pt").read_bytes()
     code, _, err = train_cli(run_cli, char_data, trained, "--max_iters=1")
-    assert_one_line(code, err, "already holds a run (ckpt.pt and log.jsonl); continue it with --init_from=resume",
-                    "train.py")
+    assert_one_line(code, err, "already holds a run (ckpt.pt and log.jsonl); "
+                               "continue it with --init_from=resume", "train.py")
     assert (trained / "ckpt.pt").read_bytes() == before
-    code, _, err = train_cli(run_cli, char_data, trained, "--max_iters=1", "--eval_interval=1", "--overwrite")
+    code, _, err = train_cli(run_cli, char_data, trained, "--max_iters=1", "--eval_interval=1",
+                             "--overwrite")
     assert code == 0, err
     assert torch.load(trained / "ckpt.pt", weights_only=True)["step"] == 1
 
 
-def test_a_non_finite_gradient_stops_before_any_weight_changes(tmp_path, char_data, run_cli, monkeypatch):
-    """A finite loss with an infinite gradient (e.g. an overflow in backward) must not reach the weights: the
-    run stops, and ckpt.pt keeps the last good state."""
+def test_a_non_finite_gradient_stops_before_any_weight_changes(tmp_path, char_data, run_cli,
+                                                               monkeypatch):
+    """A finite loss with an infinite gradient (e.g. an overflow in backward) must not reach the
+    weights: the run stops, and ckpt.pt keeps the last good state."""
     def infinite_gradient(loss):
         loss = loss * 1.0
         loss.register_hook(lambda grad: grad * float("inf"))
         return loss
 
     spoil_training_loss(monkeypatch, infinite_gradient)
-    code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=8", "--eval_interval=2")
+    code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=8",
+                             "--eval_interval=2")
     assert code == 1 and "gradient norm is" in err and "at step 3" in err, err
     assert "ckpt.pt keeps the last good state" in err and "Traceback" not in err
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
@@ -169,10 +188,11 @@ def test_a_non_finite_gradient_stops_before_any_weight_changes(tmp_path, char_da
 
 @pytest.mark.parametrize("arm", ["lev", "tied"])
 def test_a_diverging_run_stops_cleanly_and_never_saves_nan(tmp_path, char_data, run_cli, arm):
-    """learning_rate=1000 blows the weights up within a few steps: in every arm the run stops with one line, and
-    ckpt.pt (if any was written) holds finite weights."""
-    code, out, err = train_cli(run_cli, char_data, tmp_path / "out", f"--embedding={arm}", "--learning_rate=1000",
-                               "--min_lr=0", "--eval_interval=1", "--max_iters=30", "--grad_clip=0")
+    """learning_rate=1000 blows the weights up within a few steps: in every arm the run stops with
+    one line, and ckpt.pt (if any was written) holds finite weights."""
+    code, out, err = train_cli(run_cli, char_data, tmp_path / "out", f"--embedding={arm}",
+                               "--learning_rate=1000", "--min_lr=0", "--eval_interval=1",
+                               "--max_iters=30", "--grad_clip=0")
     assert code == 1 and "Traceback" not in err and err.count("\n") == 1, err
     assert "stopping without saving" in err
     if (tmp_path / "out" / "ckpt.pt").exists():
@@ -180,8 +200,9 @@ def test_a_diverging_run_stops_cleanly_and_never_saves_nan(tmp_path, char_data, 
 
 
 def test_a_full_disk_during_a_save_keeps_the_last_checkpoint(tmp_path, char_data, run_cli, trained):
-    """The temp file the next save writes is pointed at /dev/full (writes fail with ENOSPC, as on a full disk):
-    one line naming the path, exit 2, the previous ckpt.pt intact, no temp file left behind."""
+    """The temp file the next save writes is pointed at /dev/full (writes fail with ENOSPC, as on a
+    full disk): one line naming the path, exit 2, the previous ckpt.pt intact, no temp file left
+    behind."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     before = (trained / "ckpt.pt").read_bytes()
@@ -201,13 +222,14 @@ def test_stale_temp_files_of_dead_runs_are_removed(tmp_path, char_data, run_cli,
 
 
 def test_resuming_with_more_steps_keeps_the_schedule(tmp_path, char_data, run_cli):
-    """lr_decay_iters=0 means max_iters *of the run's start*: resuming with a larger max_iters does not reshape
-    the cosine of the steps already taken; past the old end the rate stays at min_lr (and the run says so)."""
-    code, _, _ = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=4", "--eval_interval=2",
-                           "--warmup_iters=0")
+    """lr_decay_iters=0 means max_iters *of the run's start*: resuming with a larger max_iters does
+    not reshape the cosine of the steps already taken; past the old end the rate stays at min_lr
+    (and the run says so)."""
+    code, _, _ = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=4",
+                           "--eval_interval=2", "--warmup_iters=0")
     assert code == 0
-    code, out, err = train_cli(run_cli, char_data, tmp_path / "out", "--init_from=resume", "--max_iters=8",
-                               "--eval_interval=2")
+    code, out, err = train_cli(run_cli, char_data, tmp_path / "out", "--init_from=resume",
+                               "--max_iters=8", "--eval_interval=2")
     assert code == 0 and "the cosine decay ends at step 4" in out, err
     ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
     assert ckpt["train_config"]["lr_decay_iters"] == 4
@@ -216,17 +238,18 @@ def test_resuming_with_more_steps_keeps_the_schedule(tmp_path, char_data, run_cl
     assert lrs[2:] == [1e-4, 1e-4, 1e-4]  # steps 4, 6, 8: min_lr
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # sample.py and eval.py
 
 
 def nan_checkpoint(trained, tmp_path):
-    return edited_checkpoint(trained, tmp_path / "nan", lambda c: c["model"]["norm.weight"].fill_(float("nan")))
+    return edited_checkpoint(trained, tmp_path / "nan",
+                             lambda c: c["model"]["norm.weight"].fill_(float("nan")))
 
 
 def run_sample(run_cli, out_dir, *args):
-    return run_cli(sample.main, [f"--out_dir={out_dir}", "--num_samples=1", "--max_new_tokens=5", "--start=ab",
-                                 "--device=cpu", *args])
+    return run_cli(sample.main, [f"--out_dir={out_dir}", "--num_samples=1", "--max_new_tokens=5",
+                                 "--start=ab", "--device=cpu", *args])
 
 
 def test_sample_rejects_bad_values(tmp_path, run_cli, trained):
@@ -242,35 +265,41 @@ def test_sample_rejects_bad_values(tmp_path, run_cli, trained):
         code, _, err = run_sample(run_cli, trained, *args)
         assert_one_line(code, err, message, "sample.py")
     code, _, err = run_sample(run_cli, nan_checkpoint(trained, tmp_path))
-    assert_one_line(code, err, "holds non-finite weights (NaN or inf, e.g. in norm.weight)", "sample.py")
+    assert_one_line(code, err, "holds non-finite weights (NaN or inf, e.g. in norm.weight)",
+                    "sample.py")
 
 
 def test_a_tiny_temperature_is_greedy_not_nan(tmp_path, run_cli, trained):
     """logits / 1e-45 overflows to inf - inf = NaN unless the best logit is subtracted first."""
-    texts, out, err = run_sample(run_cli, trained, "--temperature=1e-45")  # sample.main returns the texts
+    # sample.main returns the texts
+    texts, out, err = run_sample(run_cli, trained, "--temperature=1e-45")
     assert "Traceback" not in err and len(texts) == 1
     assert texts == run_sample(run_cli, trained, "--temperature=0")[0]
 
 
 def test_eval_checks_outputs_first_and_refuses_nan(tmp_path, char_data, run_cli, trained):
     (tmp_path / "a_file").write_text("")
-    has_matplotlib = importlib.util.find_spec("matplotlib") is not None  # --plot without it is refused first
+    # --plot without it is refused first
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
     for flag in ("--json", "--plot") if has_matplotlib else ("--json",):
-        for path, message in [(tmp_path / "a_file" / "x", "is a file, not a folder"), (tmp_path, "is a directory"),
+        for path, message in [(tmp_path / "a_file" / "x", "is a file, not a folder"),
+                              (tmp_path, "is a directory"),
                               ("", "is empty")]:
-            code, _, err = run_cli(ev.main, [str(trained), f"--data_dir={char_data}", f"{flag}={path}"])
+            code, _, err = run_cli(ev.main, [str(trained), f"--data_dir={char_data}",
+                                             f"{flag}={path}"])
             assert_one_line(code, err, f"{flag}", "eval.py")
             assert message in err and "evaluated" not in err  # refused before any evaluation
-    code, _, err = run_cli(ev.main, [str(trained), str(nan_checkpoint(trained, tmp_path)), f"--data_dir={char_data}"])
+    code, _, err = run_cli(ev.main, [str(trained), str(nan_checkpoint(trained, tmp_path)),
+                                     f"--data_dir={char_data}"])
     assert_one_line(code, err, "holds non-finite weights", "eval.py")
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # bench.py
 
-TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
-       "--batch_size=2", "--steps=1", "--warmup=0", "--lev_ids=40", "--lev_embd=8", "--plain_max=10",
-       "--gen_tokens=4", "--tables=train"]
+TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16",
+       "--block_size=8", "--batch_size=2", "--steps=1", "--warmup=0", "--lev_ids=40",
+       "--lev_embd=8", "--plain_max=10", "--gen_tokens=4", "--tables=train"]
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -310,31 +339,36 @@ def test_common_reports_an_unwritable_folder(tmp_path):
 
 
 def test_more_damage_found_by_probing(tmp_path, char_data, run_cli, trained):
-    """Cases a probe of ~370 hostile inputs turned up: edited settings inside a checkpoint, schedules that make no
-    sense, format fields in out_dir, deeply nested config files, bench.py's data too short for its block."""
-    edited = edited_checkpoint(trained, tmp_path / "edited", lambda c: c["train_config"].update(beta2="x"))
+    """Cases a probe of ~370 hostile inputs turned up: edited settings inside a checkpoint,
+    schedules that make no sense, format fields in out_dir, deeply nested config files, bench.py's
+    data too short for its block."""
+    edited = edited_checkpoint(trained, tmp_path / "edited",
+                               lambda c: c["train_config"].update(beta2="x"))
     code, _, err = train_cli(run_cli, char_data, edited, "--init_from=resume", "--max_iters=4")
     assert_one_line(code, err, "(train_config): beta2='x' must be a number", "train.py")
     negative = edited_checkpoint(trained, tmp_path / "negative", lambda c: c.update(step=-3))
     code, _, err = train_cli(run_cli, char_data, negative, "--init_from=resume", "--max_iters=4")
     assert_one_line(code, err, "step=-3, tokens_seen=", "train.py")
     (tmp_path / "deep.py").write_text("n_layer = " + "-" * 100_000 + "1\n")
-    for args, message in [(["--warmup_iters=10", "--lr_decay_iters=2"], "warmup_iters=10 must not exceed"),
+    for args, message in [(["--warmup_iters=10", "--lr_decay_iters=2"],
+                           "warmup_iters=10 must not exceed"),
                           (["--out_dir=out-{dataset.upper}"], "each {...} must name a setting"),
                           ([str(tmp_path / "deep.py")], "is nested too deeply")]:
         code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char",
                                             f"--out_dir={tmp_path / 'new'}", *TINY, *args])
         assert_one_line(code, err, message, "train.py")
     # a run whose schedule was fixed at 4 steps, with the default 100 warmup steps, still resumes
-    code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char", f"--out_dir={trained}",
-                                        *[f for f in TINY if "warmup" not in f], "--init_from=resume",
-                                        "--max_iters=3"])
+    code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char",
+                                        f"--out_dir={trained}",
+                                        *[f for f in TINY if "warmup" not in f],
+                                        "--init_from=resume", "--max_iters=3"])
     assert code == 0, err
     (trained / "log.jsonl").rename(tmp_path / "log.jsonl")
     (trained / "log.jsonl").mkdir()
     code, _, err = run_cli(ev.main, [str(trained), f"--data_dir={char_data}", "--lambada_max=0"])
     assert_one_line(code, err, "log.jsonl is not a file", "eval.py")
-    code, _, err = run_cli(bench.main, [*TOY, "--vocab_size=300", "--lev_ids=8192"])  # lev_ids: the lev table's
+    # lev_ids: the lev table's
+    code, _, err = run_cli(bench.main, [*TOY, "--vocab_size=300", "--lev_ids=8192"])
     assert code == 0, err
     code, out, err = run_cli(bench.main, [*TOY, "--block_size=10000000", "--n_embd=16"])
     assert code == 2 and "is longer than the" in err and "Traceback" not in err, err

@@ -1,6 +1,6 @@
-"""bench.py end to end at toy sizes: every table prints, the JSON holds the figures, bad flags fail cleanly.
-Speed itself is not asserted here (that is bench.py's job, on a quiet machine), only that the figures exist
-and are sane. Run:  python -m pytest -q tests/test_bench.py
+"""bench.py end to end at toy sizes: every table prints, the JSON holds the figures, bad flags fail
+cleanly. Speed itself is not asserted here (that is bench.py's job, on a quiet machine), only that
+the figures exist and are sane. Run:  python -m pytest -q tests/test_bench.py
 """
 
 import json
@@ -12,9 +12,9 @@ from conftest import lev_param_count
 import bench
 from machinery.c_kernels import c_library
 
-TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
-       "--batch_size=2", "--steps=2", "--warmup=1", "--lev_ids=40", "--lev_embd=8", "--plain_max=10",
-       "--gen_tokens=4", "--lev_chunk=16"]
+TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16",
+       "--block_size=8", "--batch_size=2", "--steps=2", "--warmup=1", "--lev_ids=40",
+       "--lev_embd=8", "--plain_max=10", "--gen_tokens=4", "--lev_chunk=16"]
 
 
 def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
@@ -22,34 +22,41 @@ def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
     code, out, err = run_cli(bench.main, TOY + ["--json=figures.json"])
     assert code == 0, err
     assert "Zipf(1.1) ids over V=300" in out
-    assert f"LEV kernels {'C (lev_kernels.c)' if c_library() is not None else 'torch, compiled'}" in out
+    kernels = "C (lev_kernels.c)" if c_library() is not None else "torch, compiled"
+    assert f"LEV kernels {kernels}" in out
     for heading in ("## Training step", "## LEV alone", "## Generation"):
         assert heading in out
     figures = json.loads((tmp_path / "figures.json").read_text())
     train = figures["train"]
-    assert set(train) == {"tied", "untied", "lev", "tied (full head)", "untied (full head)", "lev (full head)"}
-    assert train["tied"]["over_tied"] == train["tied (full head)"]["over_tied"] == 1.0  # each head against its tied
-    assert figures["lev_over_tied"] == train["lev"]["over_tied"] > 0 and train["lev"]["head"] == "lean"
+    assert set(train) == {"tied", "untied", "lev",
+                          "tied (full head)", "untied (full head)", "lev (full head)"}
+    # each head against its tied
+    assert train["tied"]["over_tied"] == train["tied (full head)"]["over_tied"] == 1.0
+    assert (figures["lev_over_tied"] == train["lev"]["over_tied"] > 0
+            and train["lev"]["head"] == "lean")
     for row in train.values():
         assert row["ms_per_step"] > 0 and row["tokens_per_s"] > 0 and row["peak_memory_mib"] > 0
     assert train["lev"]["params"]["input_embedding"] == lev_param_count(300, 16)
-    assert train["tied"]["params"]["input_embedding"] == 300 * 16 and train["tied"]["params"]["head"] == 0
+    tied_params = train["tied"]["params"]
+    assert tied_params["input_embedding"] == 300 * 16 and tied_params["head"] == 0
     lev_rows = figures["lev"]
     assert any(k.startswith("LEV fast path, compiled torch kernels, 40 distinct") for k in lev_rows)
     assert any(k.startswith("LEV fast path, eager torch kernels, 40 distinct") for k in lev_rows)
-    assert any(k.startswith("LEV fast path, C kernels, 40 distinct") for k in lev_rows) == (c_library() is not None)
+    has_c_row = any(k.startswith("LEV fast path, C kernels, 40 distinct") for k in lev_rows)
+    assert has_c_row == (c_library() is not None)
     assert any(k.startswith("LEV plain recipe (LEV.reference), 10 distinct") for k in lev_rows)
     assert all(v > 0 and math.isfinite(v) for v in lev_rows.values())
     generation = figures["generation"]
-    assert len(generation) == 3 + 3 + 5  # tied, untied: KV on/off, compiled steps; lev: KV x LEV cache, compiled
+    # tied, untied: KV on/off, compiled steps; lev: KV x LEV cache, compiled
+    assert len(generation) == 3 + 3 + 5
     assert all(row["tokens_per_s"] > 0 for row in generation)
     assert f"lev_over_tied (training step time ratio): {figures['lev_over_tied']:.3f}" in out
 
 
 def test_one_arm_one_table_without_lev_compile(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(bench.main, TOY + ["--tables=train", "--embedding=lev", "--no-lev_c_kernels",
-                                                "--no-lev_compile"])
+    code, out, err = run_cli(bench.main, TOY + ["--tables=train", "--embedding=lev",
+                                                "--no-lev_c_kernels", "--no-lev_compile"])
     assert code == 0, err
     assert "LEV kernels torch, eager" in out and "| lev |" in out and "| tied |" not in out
     assert "lev_over_tied" not in out and "## LEV alone" not in out

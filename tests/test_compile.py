@@ -1,9 +1,9 @@
-"""LEV's kernels through torch.compile: the compiled kernels equal the eager ones (and so the plain recipe), and
-a failure to compile falls back to eager with one warning.
+"""LEV's kernels through torch.compile: the compiled kernels equal the eager ones (and so the plain
+recipe), and a failure to compile falls back to eager with one warning.
 
-The rest of the suite runs with torch.compile's stance "force_eager" (conftest.py); these tests switch back to the
-default stance, through the same public API (no library internals are patched). Compiling
-takes a few seconds per kernel and dtype, so this file takes ~30 s on 2 CPU cores.
+The rest of the suite runs with torch.compile's stance "force_eager" (conftest.py); these tests
+switch back to the default stance, through the same public API (no library internals are patched).
+Compiling takes a few seconds per kernel and dtype, so this file takes ~30 s on 2 CPU cores.
 Run:  python -m pytest -q tests/test_compile.py
 """
 
@@ -23,23 +23,29 @@ from machinery import fast_lev  # noqa: E402
 from machinery.fast_lev import FastEmbedder  # noqa: E402
 from machinery.runtime import set_runtime  # noqa: E402
 
-# inductor's CPU backend compiles C++; without a compiler LEV warns and runs eagerly (tested below with a stand-in)
+# inductor's CPU backend compiles C++; without a compiler LEV warns and runs eagerly (tested below
+# with a stand-in)
 needs_compiler = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
                                     reason="no C++ compiler for torch.compile's CPU backend")
 
 
-pytestmark = pytest.mark.usefixtures("compiling")  # conftest.py: torch.compile really on, fresh kernels
+# conftest.py: torch.compile really on, fresh kernels
+pytestmark = pytest.mark.usefixtures("compiling")
 
 
 def make_lev(dtype, compile=True, normalize=True):
     torch.manual_seed(0)
-    # d_seed=24: groups of 8 factors; chunk=16 with 37 distinct ids: full chunks and a remainder of 5
-    lev = LEV(Config(vocab_size=300, n_embd=12, n_head=1, lev_digits=3, lev_seed_dim=24, lev_heads=2, lev_knots=8,
-                     lev_rank=4, lev_normalize_basis=normalize))
-    lev.fast_embed = FastEmbedder(chunk=16, c_kernels=False, compile_kernels=compile)  # torch's kernels
+    # d_seed=24: groups of 8 factors; chunk=16 with 37 distinct ids: full chunks and a
+    # remainder of 5
+    lev = LEV(Config(vocab_size=300, n_embd=12, n_head=1, lev_digits=3, lev_seed_dim=24,
+                     lev_heads=2, lev_knots=8, lev_rank=4, lev_normalize_basis=normalize))
+    # torch's kernels
+    lev.fast_embed = FastEmbedder(chunk=16, c_kernels=False, compile_kernels=compile)
     with torch.no_grad():
-        lev.spline.add_(0.3 * torch.randn_like(lev.spline))  # away from the init, so that every knot matters
-        lev.ln_weight.mul_(4.0)  # many coordinates near the ends of [0, 1], where normalising the basis matters
+        # away from the init, so that every knot matters
+        lev.spline.add_(0.3 * torch.randn_like(lev.spline))
+        # many coordinates near the ends of [0, 1], where normalising the basis matters
+        lev.ln_weight.mul_(4.0)
     return lev.to(dtype)
 
 
@@ -59,22 +65,31 @@ IDS = torch.randint(0, 300, (2, 30), generator=torch.Generator().manual_seed(2))
 
 
 @needs_compiler
-@pytest.mark.parametrize("dtype, normalize", [(torch.float64, True), (torch.float32, True), (torch.float64, False)])
+@pytest.mark.parametrize("dtype, normalize", [
+    (torch.float64, True),
+    (torch.float32, True),
+    (torch.float64, False),
+])
 def test_compiled_kernels_equal_eager_and_reference(dtype, normalize):
-    """Values and the gradient of every parameter. float64 shows the algebra is the same; float32 is what
-    training runs, where the compiled kernels add up in another order: compared tensor by tensor, relative to
-    each tensor's norm (single elements that are sums of cancelling terms lose more digits)."""
-    assert IDS.unique().numel() > 16 and IDS.unique().numel() % 16  # full chunks and a remainder: two shapes
-    lev, eager = make_lev(dtype, normalize=normalize), make_lev(dtype, compile=False, normalize=normalize)
+    """Values and the gradient of every parameter. float64 shows the algebra is the same; float32 is
+    what training runs, where the compiled kernels add up in another order: compared tensor by
+    tensor, relative to each tensor's norm (single elements that are sums of cancelling terms lose
+    more digits)."""
+    # full chunks and a remainder: two shapes
+    assert IDS.unique().numel() > 16 and IDS.unique().numel() % 16
+    lev, eager = (make_lev(dtype, normalize=normalize),
+                  make_lev(dtype, compile=False, normalize=normalize))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = values_and_grads(lev, lev, IDS)
     assert not lev_warnings(caught) and not fast_lev._compile_failures  # no fallback to eager
-    assert set(fast_lev._compiled_kernels) == {fast_lev.log_mode_chunk, fast_lev.log_mode_chunk_backward}
-    # dynamo really compiled them (it runs a function eagerly when it cannot trace it): each kernel for a full
-    # chunk and for the remainder
+    assert set(fast_lev._compiled_kernels) == {fast_lev.log_mode_chunk,
+                                               fast_lev.log_mode_chunk_backward}
+    # dynamo really compiled them (it runs a function eagerly when it cannot trace it): each kernel
+    # for a full chunk and for the remainder
     assert counters["stats"]["unique_graphs"] >= 4
-    for want in (values_and_grads(eager, eager, IDS), values_and_grads(eager, eager.reference, IDS)):
+    for want in (values_and_grads(eager, eager, IDS),
+                 values_and_grads(eager, eager.reference, IDS)):
         for got, expected in zip(compiled, want, strict=True):
             if dtype == torch.float64:
                 torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
@@ -83,7 +98,8 @@ def test_compiled_kernels_equal_eager_and_reference(dtype, normalize):
 
 
 def with_compiled_kernels(run):
-    """Stand in `run` for both compiled kernels (the compiled-kernel cache is LEV's own, emptied per test)."""
+    """Stand in `run` for both compiled kernels (the compiled-kernel cache is LEV's own, emptied
+    per test)."""
     for kernel in (fast_lev.log_mode_chunk, fast_lev.log_mode_chunk_backward):
         fast_lev._compiled_kernels[kernel] = run
 
@@ -94,8 +110,9 @@ def test_a_failed_compile_warns_once_and_runs_eagerly():
 
     with_compiled_kernels(compile_fails)
     lev, eager = make_lev(torch.float64), make_lev(torch.float64, compile=False)
-    with pytest.warns(UserWarning, match=r"torch.compile of its kernels failed on cpu \(RuntimeError: no C\+\+ "
-                                         r"compiler found\); they run eagerly") as caught:
+    message = (r"torch.compile of its kernels failed on cpu \(RuntimeError: no C\+\+ "
+               r"compiler found\); they run eagerly")
+    with pytest.warns(UserWarning, match=message) as caught:
         got = values_and_grads(lev, lev, IDS)
         values_and_grads(lev, lev, IDS)
     assert len(lev_warnings(caught)) == 1 and set(fast_lev._compile_failures) == {"cpu"}
@@ -109,7 +126,8 @@ def test_a_genuine_error_is_raised_not_blamed_on_compile(monkeypatch):
 
     monkeypatch.setattr(fast_lev, "log_mode_chunk", broken_kernel)
     lev = make_lev(torch.float64)
-    with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError, match="a bug in the kernel"):
+    with (warnings.catch_warnings(record=True) as caught,
+          pytest.raises(ValueError, match="a bug in the kernel")):
         warnings.simplefilter("always")
         lev(IDS)
     assert not lev_warnings(caught) and not fast_lev._compile_failures
@@ -129,11 +147,13 @@ def test_out_of_memory_is_raised_not_blamed_on_compile():
 @needs_compiler
 @pytest.mark.parametrize("arm", ["tied", "lev"])
 def test_compiled_decoding_gives_the_eager_tokens(arm):
-    """sample.py --compile: greedy tokens through the compiled one-token steps equal the eager ones, across
-    several window jumps, and the steps compile a bounded number of times (not once per position)."""
+    """sample.py --compile: greedy tokens through the compiled one-token steps equal the eager ones,
+    across several window jumps, and the steps compile a bounded number of times (not once per
+    position)."""
     torch.manual_seed(0)
-    model = leviathan.GPT(Config(vocab_size=300, block_size=16, n_layer=2, n_head=2, n_embd=16, embedding=arm,
-                                 lev_seed_dim=8, lev_heads=2, lev_knots=6, lev_rank=4)).eval()
+    model = leviathan.GPT(Config(vocab_size=300, block_size=16, n_layer=2, n_head=2, n_embd=16,
+                                 embedding=arm, lev_seed_dim=8, lev_heads=2, lev_knots=6,
+                                 lev_rank=4)).eval()
     prompt = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(1))
     eager = model.generate(prompt, 40, temperature=0.0)  # the model's plain code
     set_runtime(model)  # the eager fast decoder (the Decoder)
@@ -143,7 +163,8 @@ def test_compiled_decoding_gives_the_eager_tokens(arm):
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo really compiled the step
     graphs = counters["stats"]["unique_graphs"]
     assert torch.equal(compiled, eager)
-    assert torch.equal(model.generate(prompt, 40, temperature=0.0), eager)  # a second call: no new compilation
+    # a second call: no new compilation
+    assert torch.equal(model.generate(prompt, 40, temperature=0.0), eager)
     assert counters["stats"]["unique_graphs"] == graphs <= 6
     set_runtime(model, compile_decode=False)
     assert model.fast_decoding.compiled_backbone is None

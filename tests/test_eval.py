@@ -355,14 +355,15 @@ def test_command_line(tmp_path, run_cli):
 
 
 def test_plain_gives_the_figures_of_the_fast_path(tmp_path, run_cli, monkeypatch):
-    """--plain evaluates the models as leviathan.py writes them (LEV's recipe, no fast path): the same
-    figures, to float32 rounding."""
+    """--plain evaluates the models as leviathan.py writes them (LEV's recipe, no fast path): the
+    same figures, to float32 rounding."""
     meta = make_data(tmp_path / "data" / "tiny")
     make_run(tmp_path / "out-tied", meta, "tied", 0)
     make_run(tmp_path / "out-lev", meta, "lev", 1)
     monkeypatch.chdir(tmp_path)
     calls, embed = [], FastEmbedder.__call__
-    monkeypatch.setattr(FastEmbedder, "__call__", lambda self, *a: calls.append(1) or embed(self, *a))
+    monkeypatch.setattr(FastEmbedder, "__call__",
+                        lambda self, *a: calls.append(1) or embed(self, *a))
     results, fast_calls = [], []
     for extra in ([], ["--plain"]):
         calls.clear()

@@ -1,6 +1,6 @@
-"""The fast paths change speed, not results: a model trained with them (machinery/runtime.py's set_runtime)
-gives the losses of the same model trained as leviathan.py writes it, step by step (float64), and generates
-the same tokens. The model file itself loads nothing of machinery/.
+"""The fast paths change speed, not results: a model trained with them (machinery/runtime.py's
+set_runtime) gives the losses of the same model trained as leviathan.py writes it, step by step
+(float64), and generates the same tokens. The model file itself loads nothing of machinery/.
 
 Run:  python -m pytest -q tests/test_fast_paths.py
 """
@@ -18,13 +18,13 @@ from leviathan import GPT, Config
 from machinery.c_kernels import c_library
 from machinery.runtime import set_runtime
 
-TINY = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32, lev_seed_dim=16, lev_heads=2,
-            lev_rank=8)
+TINY = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32, lev_seed_dim=16,
+            lev_heads=2, lev_rank=8)
 
 
 def train_losses(model, steps, seed=0):
-    """AdamW on two random batches in turn (the same for every model given the seed), so that the loss
-    falls -> the loss of each step."""
+    """AdamW on two random batches in turn (the same for every model given the seed), so that the
+    loss falls -> the loss of each step."""
     optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=3e-3)
     generator = torch.Generator().manual_seed(seed)
     shape = (2, 4, model.config.block_size + 1)
@@ -48,11 +48,17 @@ def plain_and_fast(arm, **runtime):
     return plain, fast
 
 
-@pytest.mark.parametrize("arm, kernels", [("lev", "c"), ("lev", "torch"), ("tied", None), ("untied", None)])
+@pytest.mark.parametrize("arm, kernels", [
+    ("lev", "c"),
+    ("lev", "torch"),
+    ("tied", None),
+    ("untied", None),
+])
 def test_training_with_fast_paths_gives_the_plain_models_losses(arm, kernels):
     if kernels == "c" and c_library() is None:
         pytest.skip("no C compiler for lev_kernels.c")
-    plain, fast = plain_and_fast(arm, lev_c_kernels=kernels == "c", lev_compile=False, lean_head=True)
+    plain, fast = plain_and_fast(arm, lev_c_kernels=kernels == "c", lev_compile=False,
+                                 lean_head=True)
     assert plain.tok_emb.fast_embed is None if arm == "lev" else True
     assert plain.fast_loss is None and fast.fast_loss is not None
     plain_losses, fast_losses = train_losses(plain, 6), train_losses(fast, 6)
@@ -70,7 +76,8 @@ def test_generation_with_fast_decoding_gives_the_plain_models_tokens(arm, temper
     outputs = []
     for model in (plain, fast):
         torch.manual_seed(3)  # the same sampling draws
-        outputs.append(model.generate(prompt, 3 * TINY["block_size"], temperature=temperature, top_k=20))
+        outputs.append(model.generate(prompt, 3 * TINY["block_size"], temperature=temperature,
+                                      top_k=20))
     assert torch.equal(outputs[0], outputs[1])  # past the block size too: the window jumps alike
 
 
@@ -82,8 +89,10 @@ def test_set_runtime_can_turn_every_fast_path_off_again():
 
 
 def test_importing_the_model_loads_nothing_of_the_package():
-    code = "import sys, leviathan; print(sorted(m for m in sys.modules if m.split('.')[0] == 'machinery'))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    code = ("import sys, leviathan; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'machinery'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
     assert out.stdout.strip() == "[]"
 
 

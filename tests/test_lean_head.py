@@ -1,6 +1,7 @@
-"""Tests of the memory-lean head (machinery/lean_head.py): linear_cross_entropy equals F.cross_entropy on full
-logits, in value and gradients (float64, both backward modes, every reduction, ignored targets, a weight tied to an
-embedding, bf16 autocast, CUDA when there is one), and GPT.forward with lean_head on equals it with lean_head off.
+"""Tests of the memory-lean head (machinery/lean_head.py): linear_cross_entropy equals
+F.cross_entropy on full logits, in value and gradients (float64, both backward modes, every
+reduction, ignored targets, a weight tied to an embedding, bf16 autocast, CUDA when there is one),
+and GPT.forward with lean_head on equals it with lean_head off.
 Run:  python -m pytest -q tests/test_lean_head.py
 """
 
@@ -20,7 +21,8 @@ F64 = dict(rtol=1e-10, atol=1e-12)
 
 
 def make(dtype=torch.float64, device="cpu", n_ignored=5, seed=0):
-    """Hidden states (N, D), head (V, D), targets (N,) with n_ignored of them -1, and an upstream gradient (N,)."""
+    """Hidden states (N, D), head (V, D), targets (N,) with n_ignored of them -1, and an upstream
+    gradient (N,)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(N, D, generator=gen, dtype=dtype).to(device).requires_grad_()
     w = torch.randn(V, D, generator=gen, dtype=dtype).to(device).requires_grad_()
@@ -30,8 +32,8 @@ def make(dtype=torch.float64, device="cpu", n_ignored=5, seed=0):
 
 
 def loss_and_grads(loss_fn, x, w, t, upstream, reduction="mean"):
-    """(loss, dL/dx, dL/dW) with L = sum(loss * upstream) for "none", 1.7 * loss otherwise (not 1: a gradient
-    that ignores its incoming scale would pass with 1)."""
+    """(loss, dL/dx, dL/dW) with L = sum(loss * upstream) for "none", 1.7 * loss otherwise (not 1: a
+    gradient that ignores its incoming scale would pass with 1)."""
     loss = loss_fn(x, w, t, reduction)
     total = (loss * upstream).sum() if reduction == "none" else 1.7 * loss
     return (loss, *torch.autograd.grad(total, (x, w)))
@@ -39,13 +41,13 @@ def loss_and_grads(loss_fn, x, w, t, upstream, reduction="mean"):
 
 def full(x, w, t, reduction="mean"):
     logits = F.linear(x, w)  # (N, V); .float() as in GPT.forward would turn fp64 into fp32
-    return F.cross_entropy(logits if logits.dtype == torch.float64 else logits.float(), t, ignore_index=-1,
-                           reduction=reduction)
+    return F.cross_entropy(logits if logits.dtype == torch.float64 else logits.float(), t,
+                           ignore_index=-1, reduction=reduction)
 
 
 def lean(chunk_size, recompute):
-    return lambda x, w, t, reduction="mean": linear_cross_entropy(x, w, t, chunk_size, reduction=reduction,
-                                                                  recompute=recompute)
+    return lambda x, w, t, reduction="mean": linear_cross_entropy(
+        x, w, t, chunk_size, reduction=reduction, recompute=recompute)
 
 
 def assert_all_close(got, want, **tol):
@@ -55,8 +57,9 @@ def assert_all_close(got, want, **tol):
 
 
 def assert_bf16_close(got, want, loss_tol):
-    """(loss, dL/dx, dL/dW) under bf16 autocast: all fp32, as the inputs; gradients within bf16's precision
-    (dL/dW: ours sums the chunks in fp32, the full path rounds its one product to bf16)."""
+    """(loss, dL/dx, dL/dW) under bf16 autocast: all fp32, as the inputs; gradients within bf16's
+    precision (dL/dW: ours sums the chunks in fp32, the full path rounds its one product to
+    bf16)."""
     assert all(g.dtype == torch.float32 for g in got)
     torch.testing.assert_close(got[0], want[0], rtol=loss_tol, atol=loss_tol)
     for g, ref in zip(got[1:], want[1:], strict=True):
@@ -74,7 +77,8 @@ def test_equals_full_cross_entropy_float64(chunk_size, reduction, recompute):
 
 @pytest.mark.parametrize("recompute", [False, True])
 def test_a_wrong_gradient_is_caught(monkeypatch, recompute):
-    """The comparison above can fail: a softmax off by one part in a million in backward is detected."""
+    """The comparison above can fail: a softmax off by one part in a million in backward is
+    detected."""
     x, w, t, up = make()
     want = loss_and_grads(full, x, w, t, up)
     original = lean_head.chunk_backward
@@ -90,7 +94,8 @@ def test_a_wrong_gradient_is_caught(monkeypatch, recompute):
 @pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_every_target_ignored(reduction, recompute):
-    """As F.cross_entropy: NaN for the mean over no token (0 / 0), 0 for sum and none; gradients 0, not NaN."""
+    """As F.cross_entropy: NaN for the mean over no token (0 / 0), 0 for sum and none; gradients 0,
+    not NaN."""
     x, w, t, up = make(n_ignored=N)
     got = loss_and_grads(lean(5, recompute), x, w, t, up, reduction)
     assert_all_close(got, loss_and_grads(full, x, w, t, up, reduction), **F64)
@@ -99,7 +104,8 @@ def test_every_target_ignored(reduction, recompute):
 
 
 def test_gradients_computed_in_forward_are_not_used_twice():
-    """The default path scales its saved gradients in place, so a second backward must raise, not be wrong."""
+    """The default path scales its saved gradients in place, so a second backward must raise, not
+    be wrong."""
     x, w, t, _ = make()
     loss = linear_cross_entropy(x, w, t, 5)
     loss.backward(retain_graph=True)
@@ -109,7 +115,8 @@ def test_gradients_computed_in_forward_are_not_used_twice():
 
 def test_per_token_losses_keep_the_targets_shape():
     x, w, t, _ = make()
-    per_token = linear_cross_entropy(x.view(1, N, D), w, t.view(1, N), reduction="none")  # (B, T, D) input
+    # (B, T, D) input
+    per_token = linear_cross_entropy(x.view(1, N, D), w, t.view(1, N), reduction="none")
     assert per_token.shape == (1, N)
     torch.testing.assert_close(per_token.view(N), full(x, w, t, "none"), **F64)
     assert (per_token.view(N)[t == -1] == 0).all() and (per_token.view(N)[t != -1] > 0).all()
@@ -148,8 +155,8 @@ def test_only_what_needs_a_gradient_gets_one(recompute):
 
 @pytest.mark.parametrize("recompute", [False, True])
 def test_bf16_autocast_cpu(recompute):
-    """Matmuls in bf16 as under F.linear, the log-sum-exp in fp32: near the full path under the same autocast,
-    nearer to it than to the fp32 loss; loss and gradients fp32, like the inputs."""
+    """Matmuls in bf16 as under F.linear, the log-sum-exp in fp32: near the full path under the same
+    autocast, nearer to it than to the fp32 loss; loss and gradients fp32, like the inputs."""
     x, w, t, up = make(torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = loss_and_grads(lean(5, recompute), x, w, t, up)
@@ -175,8 +182,8 @@ def test_default_chunk_size_and_bad_arguments():
 def test_gpt_forward_with_the_lean_head_equals_the_full_head(embedding, reduction):
     """The model's loss and every parameter's gradient, lean head on against off (float64)."""
     torch.manual_seed(0)
-    model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16, embedding=embedding,
-                       lev_seed_dim=16, lev_heads=2, lev_rank=8)).double()
+    model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16,
+                       embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)).double()
     idx, targets = torch.randint(61, (2, 16)), torch.randint(61, (2, 16))
     targets[0, :3] = -1
     results = []

@@ -1,6 +1,6 @@
-"""sample.py: determinism, greedy = argmax, streaming = decoded text (also for BPE split inside UTF-8
-characters), caches that do not change the output, and clear errors for bad input. Each test writes its own
-tiny random checkpoint, so no training run, data or network is needed."""
+"""sample.py: determinism, greedy = argmax, streaming = decoded text (also for BPE split inside
+UTF-8 characters), caches that do not change the output, and clear errors for bad input. Each test
+writes its own tiny random checkpoint, so no training run, data or network is needed."""
 
 import dataclasses
 import subprocess
@@ -18,21 +18,24 @@ ROOT = Path(__file__).resolve().parents[1]
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 CHAR_META = {"dataset": "tiny", "tokenizer": "char", "vocab_size": len(CHARS), "dtype": "uint16",
              "train_tokens": 100, "val_tokens": 10, "chars": CHARS, "source": "synthetic"}
-BPE_META = {"dataset": "tiny", "tokenizer": "tiny", "vocab_size": 256, "dtype": "uint16", "train_tokens": 100,
-            "val_tokens": 10, "source": "synthetic"}
+BPE_META = {"dataset": "tiny", "tokenizer": "tiny", "vocab_size": 256, "dtype": "uint16",
+            "train_tokens": 100, "val_tokens": 10, "source": "synthetic"}
 BLOCK = 24
 
 
-def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev", version=checkpoints.CHECKPOINT_VERSION):
+def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev",
+                    version=checkpoints.CHECKPOINT_VERSION):
     """Write out_dir/ckpt.pt for a tiny random model, as train.py would; return the model."""
     torch.manual_seed(0)
-    config = leviathan.Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=2, n_head=2, n_embd=32,
-                              embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)
+    config = leviathan.Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=2, n_head=2,
+                              n_embd=32, embedding=embedding, lev_seed_dim=16, lev_heads=2,
+                              lev_rank=8)
     model = leviathan.GPT(config).eval()
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save({"version": version, "model": model.state_dict(), "model_config": dataclasses.asdict(config),
-                "train_config": {}, "meta": meta, "step": 0, "tokens_seen": 0, "best_val_loss": float("inf"),
-                "optimizer": {}, "rng": {}}, out_dir / "ckpt.pt")
+    torch.save({"version": version, "model": model.state_dict(),
+                "model_config": dataclasses.asdict(config), "train_config": {}, "meta": meta,
+                "step": 0, "tokens_seen": 0, "best_val_loss": float("inf"), "optimizer": {},
+                "rng": {}}, out_dir / "ckpt.pt")
     return model
 
 
@@ -57,12 +60,14 @@ def test_same_seed_same_output_different_seed_different_output(char_ckpt, capsys
 
 
 @pytest.mark.parametrize("embedding", ["lev", "tied"])
-def test_greedy_equals_argmax_of_full_forward_passes_with_and_without_caches(tmp_path, embedding, capsys):
+def test_greedy_equals_argmax_of_full_forward_passes_with_and_without_caches(tmp_path, embedding,
+                                                                             capsys):
     model = make_checkpoint(tmp_path / "out", embedding=embedding)
     prompt, n_new = "To be", BLOCK - 5  # stays within one block: no window jumps
     idx = torch.tensor([[CHARS.index(c) for c in prompt]])
     with torch.no_grad():
-        for _ in range(n_new):  # a full forward pass over the whole sequence at every step, then argmax
+        # a full forward pass over the whole sequence at every step, then argmax
+        for _ in range(n_new):
             logits, _ = model(idx)
             idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     expected = prompt + "".join(CHARS[i] for i in idx[0, len(prompt):].tolist())
@@ -71,7 +76,8 @@ def test_greedy_equals_argmax_of_full_forward_passes_with_and_without_caches(tmp
     assert run(tmp_path / "out", *flags, "--no_kv_cache") == [expected]
     assert run(tmp_path / "out", *flags, "--no_kv_cache", "--no_lev_cache") == [expected]
     # past the block size the model's window jumps; the KV cache must follow it exactly
-    long_flags = [f"--start={prompt}", "--num_samples=1", f"--max_new_tokens={3 * BLOCK}", "--temperature=0"]
+    long_flags = [f"--start={prompt}", "--num_samples=1", f"--max_new_tokens={3 * BLOCK}",
+                  "--temperature=0"]
     assert run(tmp_path / "out", *long_flags) == run(tmp_path / "out", *long_flags, "--no_kv_cache")
 
 
@@ -87,7 +93,8 @@ def test_no_lev_cache_computes_every_step_afresh(char_ckpt, capsys, monkeypatch)
     assert with_cache == without_cache
     fed = with_cache[0][:-1]  # the prompt and every sampled token but the last are fed to the model
     assert sum(cached_calls) == len(set(fed))  # with the cache: each distinct id once
-    assert calls == [2] + [1] * 9  # without: every step's ids (the prompt, then one token at a time)
+    # without: every step's ids (the prompt, then one token at a time)
+    assert calls == [2] + [1] * 9
     assert "lev_cache=off" in capsys.readouterr().err
 
 
@@ -125,11 +132,13 @@ def test_streamed_stdout_equals_returned_texts_token_by_token(char_ckpt, capsys,
     assert "".join(out.flushed) + out.buffer == "".join(f"{t}\n{sample.SEPARATOR}\n" for t in texts)
     assert len(out.flushed) >= 3 * 12  # every token is printed as soon as it is sampled
     err = capsys.readouterr().err
-    assert "36 tokens in" in err and "tokens/s after the first sample" in err and "kv_cache=on, lev_cache=on" in err
+    assert ("36 tokens in" in err and "tokens/s after the first sample" in err
+            and "kv_cache=on, lev_cache=on" in err)
 
 
 def test_stream_text_holds_back_incomplete_utf8_characters(tiny_encoding):
-    tok = dataset.TiktokenTokenizer(tiny_encoding)  # byte-level: multi-byte characters span several ids
+    # byte-level: multi-byte characters span several ids
+    tok = dataset.TiktokenTokenizer(tiny_encoding)
     ids = tok.encode("hé😀") + [0xFF, 0xC3]  # ... then an invalid byte and a cut-off character
     pieces = list(dataset.stream_text(tok, iter(ids)))
     assert pieces == ["h", "é", "😀", "\ufffd\ufffd"]
@@ -137,15 +146,18 @@ def test_stream_text_holds_back_incomplete_utf8_characters(tiny_encoding):
     assert list(dataset.stream_text(tok, iter([]))) == []
 
 
-def test_bpe_checkpoint_streams_exactly_the_decoded_text(tmp_path, capsys, monkeypatch, tiny_encoding):
-    """A byte-level model splits multi-byte characters across tokens at random; the printed text must still
-    be exactly the decoding of all sampled ids."""
+def test_bpe_checkpoint_streams_exactly_the_decoded_text(tmp_path, capsys, monkeypatch,
+                                                         tiny_encoding):
+    """A byte-level model splits multi-byte characters across tokens at random; the printed text
+    must still be exactly the decoding of all sampled ids."""
     model = make_checkpoint(tmp_path / "out", BPE_META)
-    get_tokenizer = dataset.get_tokenizer  # a name-only meta cannot reach an unregistered encoding: inject it
-    monkeypatch.setattr(dataset, "get_tokenizer", lambda meta: get_tokenizer(meta, encoding=tiny_encoding))
+    # a name-only meta cannot reach an unregistered encoding: inject it
+    get_tokenizer = dataset.get_tokenizer
+    monkeypatch.setattr(dataset, "get_tokenizer",
+                        lambda meta: get_tokenizer(meta, encoding=tiny_encoding))
     prompt = "naïve café 😀"
-    texts = run(tmp_path / "out", f"--start={prompt}", "--num_samples=2", "--max_new_tokens=30", "--seed=7",
-                "--temperature=1.0")
+    texts = run(tmp_path / "out", f"--start={prompt}", "--num_samples=2", "--max_new_tokens=30",
+                "--seed=7", "--temperature=1.0")
     assert capsys.readouterr().out == "".join(f"{t}\n{sample.SEPARATOR}\n" for t in texts)
     torch.manual_seed(7)
     tok = dataset.TiktokenTokenizer(tiny_encoding)
@@ -161,7 +173,8 @@ def test_long_prompt_is_cropped_to_the_block_with_a_note(char_ckpt, capsys):
     assert len(prompt) > BLOCK
     flags = ["--num_samples=1", "--max_new_tokens=8", "--temperature=0"]
     long = run(char_ckpt, f"--start={prompt}", *flags)
-    assert f"the prompt is {len(prompt)} tokens, longer than block_size={BLOCK}" in capsys.readouterr().err
+    note = f"the prompt is {len(prompt)} tokens, longer than block_size={BLOCK}"
+    assert note in capsys.readouterr().err
     cropped = run(char_ckpt, f"--start={prompt[-BLOCK:]}", *flags)
     assert long[0] == prompt + cropped[0][BLOCK:]
 
@@ -169,8 +182,8 @@ def test_long_prompt_is_cropped_to_the_block_with_a_note(char_ckpt, capsys):
 def test_prompt_from_file(char_ckpt, tmp_path, capsys):
     (tmp_path / "prompt.txt").write_text("JULIET:\n", encoding="utf-8")
     flags = ["--num_samples=1", "--max_new_tokens=5", "--temperature=0"]
-    assert run(char_ckpt, f"--start=FILE:{tmp_path / 'prompt.txt'}", *flags) == run(char_ckpt, "--start=JULIET:\n",
-                                                                                     *flags)
+    from_file = run(char_ckpt, f"--start=FILE:{tmp_path / 'prompt.txt'}", *flags)
+    assert from_file == run(char_ckpt, "--start=JULIET:\n", *flags)
 
 
 @pytest.mark.parametrize("flags, says", [
@@ -185,8 +198,9 @@ def test_prompt_from_file(char_ckpt, tmp_path, capsys):
     (["--start="], "the prompt is empty"),
     (["--start=Hello, World 42!"], "vocabulary: '24'"),  # digits are not in CHARS: say which
     (["--start=é"], "'é'"),
-    pytest.param(["--device=cuda"], "no CUDA GPU", marks=pytest.mark.skipif(torch.cuda.is_available(),
-                                                                           reason="this machine has a GPU")),
+    pytest.param(["--device=cuda"], "no CUDA GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(),
+                                          reason="this machine has a GPU")),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(char_ckpt, capsys, flags, says):
     with pytest.raises(SystemExit) as exit_info:
@@ -194,7 +208,8 @@ def test_bad_input_is_one_line_and_exit_code_2(char_ckpt, capsys, flags, says):
     assert exit_info.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.count("\n") == 1 and "error" in captured.err and says in captured.err, captured.err
+    assert (captured.err.count("\n") == 1 and "error" in captured.err
+            and says in captured.err), captured.err
 
 
 def test_bad_checkpoints_are_one_line_and_exit_code_2(tmp_path, capsys):
@@ -207,9 +222,12 @@ def test_bad_checkpoints_are_one_line_and_exit_code_2(tmp_path, capsys):
     ckpt = torch.load(tmp_path / "mismatch" / "ckpt.pt", weights_only=True)
     ckpt["model_config"]["n_layer"] = 3  # settings that do not fit the saved weights
     torch.save(ckpt, tmp_path / "mismatch" / "ckpt.pt")
-    cases = [(tmp_path / "missing", "does not exist"), (tmp_path / "empty", "no checkpoint at"),
-             (tmp_path / "old", "format version 0"), (tmp_path / "garbage", "not a readable leviathan checkpoint"),
-             (tmp_path / "bad_meta", "vocab_size"), (tmp_path / "mismatch", "Missing key(s) in state_dict")]
+    cases = [(tmp_path / "missing", "does not exist"),
+             (tmp_path / "empty", "no checkpoint at"),
+             (tmp_path / "old", "format version 0"),
+             (tmp_path / "garbage", "not a readable leviathan checkpoint"),
+             (tmp_path / "bad_meta", "vocab_size"),
+             (tmp_path / "mismatch", "Missing key(s) in state_dict")]
     for out_dir, says in cases:
         with pytest.raises(SystemExit) as exit_info:
             run(out_dir)
@@ -218,21 +236,23 @@ def test_bad_checkpoints_are_one_line_and_exit_code_2(tmp_path, capsys):
 
 
 def test_cli_streams_samples_and_reports_speed_then_fails_cleanly(char_ckpt):
-    cmd = [sys.executable, str(ROOT / "sample.py"), f"--out_dir={char_ckpt}", "--start=ROMEO:", "--num_samples=2",
-           "--max_new_tokens=20", "--no_kv_cache"]
+    cmd = [sys.executable, str(ROOT / "sample.py"), f"--out_dir={char_ckpt}", "--start=ROMEO:",
+           "--num_samples=2", "--max_new_tokens=20", "--no_kv_cache"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("ROMEO:") == 2 and done.stdout.count(f"\n{sample.SEPARATOR}\n") == 2
     summary = done.stderr.strip().splitlines()[-1]
-    assert "40 tokens in" in summary and "tokens/s" in summary and "kv_cache=off, lev_cache=on" in summary
+    assert ("40 tokens in" in summary and "tokens/s" in summary
+            and "kv_cache=off, lev_cache=on" in summary)
     bad = subprocess.run([*cmd, "--top_p=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("embedding", ["lev", "tied"])
-def test_plain_runs_the_model_as_written_and_samples_the_same(tmp_path, embedding, capsys, monkeypatch):
-    """--plain: none of the fast paths (a model whose code was edited samples what its code says), and
-    the same greedy text as with them."""
+def test_plain_runs_the_model_as_written_and_samples_the_same(tmp_path, embedding, capsys,
+                                                              monkeypatch):
+    """--plain: none of the fast paths (a model whose code was edited samples what its code says),
+    and the same greedy text as with them."""
     make_checkpoint(tmp_path / "out", embedding=embedding)
     flags = ["--start=To be", "--num_samples=1", f"--max_new_tokens={2 * BLOCK}", "--temperature=0"]
     fast = run(tmp_path / "out", *flags)

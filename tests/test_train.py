@@ -1,7 +1,8 @@
-"""train.py: end to end, exact resume, the same batches for every arm, DDP, and clear errors (all hermetic, CPU).
+"""train.py: end to end, exact resume, the same batches for every arm, DDP, and clear errors (all
+hermetic, CPU).
 
-Most runs call train.main in-process (importing torch once per process is the slow part here); the command line
-itself runs as a subprocess once, and DDP under torch.distributed.run once."""
+Most runs call train.main in-process (importing torch once per process is the slow part here); the
+command line itself runs as a subprocess once, and DDP under torch.distributed.run once."""
 
 import json
 import math
@@ -20,9 +21,9 @@ import train
 from leviathan import GPT, Config
 from machinery import checkpoints, corpus, dataset, grad_stats, runs, settings
 
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16", "--lev_heads=2",
-        "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2",
-        "--device=cpu"]
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16",
+        "--lev_heads=2", "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2",
+        "--log_interval=1", "--warmup_iters=2", "--device=cpu"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 def run_train(capsys, data, out, *args, dataset="tiny_char"):
     """train.main in-process -> (exit code, stdout, stderr)."""
-    code = train.main([f"--data_dir={data}", f"--dataset={dataset}", f"--out_dir={out}", *TINY, *args])
+    code = train.main([f"--data_dir={data}", f"--dataset={dataset}", f"--out_dir={out}", *TINY,
+                       *args])
     out_text, err_text = capsys.readouterr()
     return code, out_text, err_text
 
@@ -41,7 +43,8 @@ def read_log(out):
 
 
 def losses(out):
-    return [(r["step"], r["tokens"], r["train_loss"], r["val_loss"], r["lr"]) for r in read_log(out)]
+    return [(r["step"], r["tokens"], r["train_loss"], r["val_loss"], r["lr"])
+            for r in read_log(out)]
 
 
 def weights(out):
@@ -51,8 +54,9 @@ def weights(out):
 def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
     """A few steps of Leviathan on a BPE dataset, as a user runs it (data/ and out-*/ relative to
     the cwd)."""
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--dataset=tiny_bpe", *TINY,
-                             "--max_iters=4", "--eval_interval=2", "--lev_compile=False"],  # eager, as in-process
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--dataset=tiny_bpe",
+                             *TINY, "--max_iters=4", "--eval_interval=2",
+                             "--lev_compile=False"],  # eager, as in-process
                             cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
@@ -63,8 +67,8 @@ def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
     out = tmp_path / "out-tiny_bpe-lev"  # the default out_dir names the dataset and the arm
     records = read_log(out)
     assert [r["step"] for r in records] == [0, 2, 4]
-    assert set(records[0]) == {"step", "tokens", "train_loss", "val_loss", "lr", "grad_norm", "clip_fraction",
-                               "grad_norms", "elapsed_s", "embedding"}
+    assert set(records[0]) == {"step", "tokens", "train_loss", "val_loss", "lr", "grad_norm",
+                               "clip_fraction", "grad_norms", "elapsed_s", "embedding"}
     assert [r["tokens"] for r in records] == [0, 2 * 4 * 16, 4 * 4 * 16]
     assert records[0]["lr"] > 0 and records[0]["embedding"] == "lev"
     assert records[-1]["val_loss"] < records[0]["val_loss"]
@@ -86,7 +90,8 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
     assert run_train(capsys, char_data, tmp_path / "straight", *run)[0] == 0
 
     assert run_train(capsys, char_data, tmp_path / "split", *run[:-1], "--max_iters=4")[0] == 0
-    code, out, _ = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume", "--max_iters=8")
+    code, out, _ = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume",
+                             "--max_iters=8")
     assert code == 0 and "resuming at step 4" in out
 
     forward = leviathan.GPT.forward
@@ -96,7 +101,8 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
         if self.training:
             training_calls.append(1)
             if len(training_calls) == 3:
-                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the step finishes, then the run saves and stops
+                # as Ctrl-C: the step finishes, then the run saves and stops
+                os.kill(os.getpid(), signal.SIGINT)
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(leviathan.GPT, "forward", interrupt_during_the_third_step)
@@ -125,20 +131,26 @@ def test_lev_lr_and_wd_scales_reach_the_optimizer(tmp_path, char_data, capsys):
     """After a step, LEV's groups have lr = the schedule's lr * lev_lr_scale and weight_decay *
     lev_wd_scale; the rest keep the schedule's lr and weight_decay. With the defaults, the two
     groups of before."""
-    code, _, err = run_train(capsys, char_data, tmp_path / "scaled", "--max_iters=2", "--eval_interval=2",
-                             "--lev_lr_scale=0.5", "--lev_wd_scale=3", "--weight_decay=0.1")
+    code, _, err = run_train(capsys, char_data, tmp_path / "scaled", "--max_iters=2",
+                             "--eval_interval=2", "--lev_lr_scale=0.5", "--lev_wd_scale=3",
+                             "--weight_decay=0.1")
     assert code == 0, err
     ckpt = torch.load(tmp_path / "scaled" / "ckpt.pt", weights_only=True)
     lr = train.get_lr(1, ckpt["train_config"])  # the lr of the last step, step 1
     groups = ckpt["optimizer"]["param_groups"]
     assert [(g["lr"], g["weight_decay"], g["lr_scale"]) for g in groups] == [
         (lr, 0.1, 1.0), (lr, 0.0, 1.0), (0.5 * lr, pytest.approx(0.3), 0.5), (0.5 * lr, 0.0, 0.5)]
-    assert [len(g["params"]) for g in groups[2:]] == [3, 3]  # codebooks, seed_proj, out_proj; spline, ln_*
-    assert ckpt["train_config"]["lev_lr_scale"] == 0.5 and ckpt["train_config"]["lev_wd_scale"] == 3.0
+    # codebooks, seed_proj, out_proj; spline, ln_*
+    assert [len(g["params"]) for g in groups[2:]] == [3, 3]
+    assert (ckpt["train_config"]["lev_lr_scale"] == 0.5
+            and ckpt["train_config"]["lev_wd_scale"] == 3.0)
 
-    assert run_train(capsys, char_data, tmp_path / "default", "--max_iters=2", "--eval_interval=2")[0] == 0
-    groups = torch.load(tmp_path / "default" / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
-    assert [(g["lr"], g["weight_decay"], g["lr_scale"]) for g in groups] == [(lr, 0.1, 1.0), (lr, 0.0, 1.0)]
+    assert run_train(capsys, char_data, tmp_path / "default", "--max_iters=2",
+                     "--eval_interval=2")[0] == 0
+    groups = torch.load(tmp_path / "default" / "ckpt.pt",
+                        weights_only=True)["optimizer"]["param_groups"]
+    assert [(g["lr"], g["weight_decay"], g["lr_scale"]) for g in groups] == [
+        (lr, 0.1, 1.0), (lr, 0.0, 1.0)]
 
 
 def test_resume_with_lev_scales_continues_exactly(tmp_path, char_data, capsys):
@@ -148,19 +160,22 @@ def test_resume_with_lev_scales_continues_exactly(tmp_path, char_data, capsys):
     run = ["--eval_interval=2", "--lr_decay_iters=4", "--lev_lr_scale=0.5", "--lev_wd_scale=2"]
     assert run_train(capsys, char_data, tmp_path / "straight", *run, "--max_iters=4")[0] == 0
     assert run_train(capsys, char_data, tmp_path / "split", *run, "--max_iters=2")[0] == 0
-    code, out, err = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume", "--max_iters=4")
+    code, out, err = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume",
+                               "--max_iters=4")
     assert code == 0 and "resuming at step 2" in out, err
     assert losses(tmp_path / "split") == losses(tmp_path / "straight")
     final, resumed = weights(tmp_path / "straight"), weights(tmp_path / "split")
     assert all(torch.equal(final[k], resumed[k]) for k in final)
 
-    assert run_train(capsys, char_data, tmp_path / "changed", "--max_iters=2", "--eval_interval=2")[0] == 0
-    code, out, err = run_train(capsys, char_data, tmp_path / "changed", "--init_from=resume", "--max_iters=4",
-                               "--lev_lr_scale=0.5")
+    assert run_train(capsys, char_data, tmp_path / "changed", "--max_iters=2",
+                     "--eval_interval=2")[0] == 0
+    code, out, err = run_train(capsys, char_data, tmp_path / "changed", "--init_from=resume",
+                               "--max_iters=4", "--lev_lr_scale=0.5")
     assert code == 0, err
     optimizer = torch.load(tmp_path / "changed" / "ckpt.pt", weights_only=True)["optimizer"]
     assert [g["lr_scale"] for g in optimizer["param_groups"]] == [1.0, 1.0, 0.5, 0.5]
-    assert {int(state["step"]) for state in optimizer["state"].values()} == {4}  # 2 steps, then 2 more
+    # 2 steps, then 2 more
+    assert {int(state["step"]) for state in optimizer["state"].values()} == {4}
 
 
 GRAD_KEYS = ("grad_norm", "clip_fraction", "grad_norms")
@@ -170,35 +185,40 @@ def test_gradient_diagnostics_in_the_log(tmp_path, char_data, capsys):
     """Each record after step 0 gives the mean gradient norm before clipping, the fraction of steps
     clipped and the norm of each part; with one step per record the parts' norms make up the total
     exactly."""
-    code, out, err = run_train(capsys, char_data, tmp_path / "lev", "--max_iters=2", "--eval_interval=1")
+    code, out, err = run_train(capsys, char_data, tmp_path / "lev", "--max_iters=2",
+                               "--eval_interval=1")
     assert code == 0, err
     records = read_log(tmp_path / "lev")
     assert [records[0][k] for k in GRAD_KEYS] == [None, None, None]  # no step yet
     for r in records[1:]:
         parts = r["grad_norms"]
-        assert list(parts) == ["embedding", "backbone", "head", "lev.codebooks", "lev.seed_proj", "lev.ln",
-                               "lev.spline", "lev.out_proj"]
-        assert all(math.isfinite(norm) and norm > 0 for norm in parts.values()) and math.isfinite(r["grad_norm"])
+        assert list(parts) == ["embedding", "backbone", "head", "lev.codebooks", "lev.seed_proj",
+                               "lev.ln", "lev.spline", "lev.out_proj"]
+        assert (all(math.isfinite(norm) and norm > 0 for norm in parts.values())
+                and math.isfinite(r["grad_norm"]))
         assert r["clip_fraction"] in (0.0, 1.0)  # one step per record
         whole = math.hypot(parts["embedding"], parts["backbone"], parts["head"])
         assert whole == pytest.approx(r["grad_norm"], rel=1e-5)
-        assert math.hypot(*(parts[k] for k in parts if k.startswith("lev."))) == pytest.approx(parts["embedding"],
-                                                                                              rel=1e-5)
+        lev_whole = math.hypot(*(parts[k] for k in parts if k.startswith("lev.")))
+        assert lev_whole == pytest.approx(parts["embedding"], rel=1e-5)
     assert "| clipped " in out
-    assert ev.read_curve(tmp_path / "lev") == [(r["tokens"], r["val_loss"]) for r in records]  # eval.py reads it
+    # eval.py reads it
+    assert ev.read_curve(tmp_path / "lev") == [(r["tokens"], r["val_loss"]) for r in records]
 
-    code, out, err = run_train(capsys, char_data, tmp_path / "tied", "--max_iters=3", "--eval_interval=3",
-                               "--embedding=tied", "--grad_clip=1e-9")
+    code, out, err = run_train(capsys, char_data, tmp_path / "tied", "--max_iters=3",
+                               "--eval_interval=3", "--embedding=tied", "--grad_clip=1e-9")
     assert code == 0, err
     last = read_log(tmp_path / "tied")[-1]
-    assert last["clip_fraction"] == 1.0 and list(last["grad_norms"]) == ["embedding+head", "backbone"]
+    assert (last["clip_fraction"] == 1.0
+            and list(last["grad_norms"]) == ["embedding+head", "backbone"])
     assert last["grad_norm"] > 1e-9 and "| clipped 100% |" in out
 
-    code, out, err = run_train(capsys, char_data, tmp_path / "untied", "--max_iters=3", "--eval_interval=3",
-                               "--embedding=untied", "--grad_clip=0")
+    code, out, err = run_train(capsys, char_data, tmp_path / "untied", "--max_iters=3",
+                               "--eval_interval=3", "--embedding=untied", "--grad_clip=0")
     assert code == 0, err
     last = read_log(tmp_path / "untied")[-1]
-    assert last["clip_fraction"] is None and list(last["grad_norms"]) == ["embedding", "backbone", "head"]
+    assert (last["clip_fraction"] is None
+            and list(last["grad_norms"]) == ["embedding", "backbone", "head"])
     assert 0 < last["grad_norm"] < math.inf and "clipped" not in out
 
 
@@ -206,8 +226,8 @@ def test_grad_stats_leave_out_steps_the_grad_scaler_skipped():
     """A float16 step with inf gradients changes nothing (the GradScaler skips it): not counted, nor
     called clipped."""
     torch.manual_seed(0)
-    model = leviathan.GPT(leviathan.Config(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16,
-                                           embedding="untied"))
+    model = leviathan.GPT(leviathan.Config(vocab_size=20, block_size=8, n_layer=1, n_head=2,
+                                           n_embd=16, embedding="untied"))
     model(torch.randint(0, 20, (2, 8)), torch.randint(0, 20, (2, 8)))[1].backward()
     stats = grad_stats.GradStats(model, grad_clip=1.0)
     stats.measure_parts()
@@ -229,8 +249,9 @@ def test_clip_gradients_apart_clips_lev_and_the_rest_each_by_its_own_norm():
     anything was scaled."""
     def model_with_grads():
         torch.manual_seed(0)
-        model = leviathan.GPT(leviathan.Config(vocab_size=30, block_size=8, n_layer=1, n_head=2, n_embd=16,
-                                               lev_seed_dim=8, lev_heads=2, lev_knots=5, lev_rank=4))
+        model = leviathan.GPT(leviathan.Config(vocab_size=30, block_size=8, n_layer=1, n_head=2,
+                                               n_embd=16, lev_seed_dim=8, lev_heads=2, lev_knots=5,
+                                               lev_rank=4))
         model(torch.randint(0, 30, (2, 8)), torch.randint(0, 30, (2, 8)))[1].backward()
         lev = {id(p) for p in model.tok_emb.parameters()}
         for p in model.parameters():  # LEV's gradient norm far above 1, the rest's below it
@@ -242,14 +263,16 @@ def test_clip_gradients_apart_clips_lev_and_the_rest_each_by_its_own_norm():
 
     joint, apart = model_with_grads(), model_with_grads()
     lev_params = lambda m: list(m.tok_emb.parameters())  # noqa: E731
-    rest = lambda m: [p for n, p in m.named_parameters() if not n.startswith("tok_emb.")]  # noqa: E731
+    rest = lambda m: [p for n, p in m.named_parameters()  # noqa: E731
+                      if not n.startswith("tok_emb.")]
     lev_before, rest_before = norm(lev_params(apart)), norm(rest(apart))
     assert lev_before > 1.0 > rest_before  # so that only LEV's part is clipped apart
     total_joint, clip_joint = grad_stats.clip_gradients(joint, 1.0, lev_apart=False)
     total_apart, clip_apart = grad_stats.clip_gradients(apart, 1.0, lev_apart=True)
     expected_total = (lev_before ** 2 + rest_before ** 2) ** 0.5
     assert total_joint.item() == pytest.approx(expected_total, rel=1e-5) == total_apart.item()
-    assert clip_joint.item() == total_joint.item() and clip_apart.item() == pytest.approx(lev_before, rel=1e-5)
+    assert (clip_joint.item() == total_joint.item()
+            and clip_apart.item() == pytest.approx(lev_before, rel=1e-5))
     # joint: everything scaled by 1/total, the rest too; apart: LEV to norm 1, the rest untouched
     assert norm(rest(joint)) == pytest.approx(rest_before / expected_total, rel=1e-4)
     assert norm(lev_params(apart)) == pytest.approx(1.0, rel=1e-4)
@@ -295,16 +318,19 @@ def test_a_checkpoint_older_than_a_model_setting_loads_and_resumes(tmp_path, cha
     """A checkpoint written before a Config field existed (here lev_out_init_std) gets the value its
     model was made with (0.02, not today's default): it loads, resumes, and a flag that asks for
     another value is refused as for any model setting."""
-    assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2", "--eval_interval=2")[0] == 0
+    assert run_train(capsys, char_data, tmp_path / "old", "--max_iters=2",
+                     "--eval_interval=2")[0] == 0
     path = tmp_path / "old" / "ckpt.pt"
     ckpt = torch.load(path, weights_only=True)
     del ckpt["model_config"]["lev_out_init_std"]
     torch.save(ckpt, path)
     model, _ = checkpoints.load_checkpoint(path, GPT, Config)
     assert model.config.lev_out_init_std == 0.02
-    code, _, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--lev_out_init_std=0.1")
+    code, _, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume",
+                             "--lev_out_init_std=0.1")
     assert code == 2 and "has lev_out_init_std=0.02, this run asks for 0.1" in err
-    code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume", "--max_iters=4")
+    code, out, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume",
+                               "--max_iters=4")
     assert code == 0 and "resuming at step 2" in out, err
     assert torch.load(path, weights_only=True)["model_config"]["lev_out_init_std"] == 0.02
 
@@ -317,15 +343,20 @@ def test_a_version_1_checkpoint_resumes_with_the_same_function(tmp_path, char_da
     path = tmp_path / "v1" / "ckpt.pt"
     v2 = torch.load(path, weights_only=True)
     old_names = {new: old for old, new in checkpoints.V1_RENAMES.items()}
-    v1 = dict(v2, version=1, model={("head.weight" if k == "lm_head.weight" else k): t for k, t in v2["model"].items()})
-    v1["model_config"] = {old_names.get(k, k): v for k, v in v2["model_config"].items() if k != "lev_normalize_basis"}
+    v1 = dict(v2, version=1, model={("head.weight" if k == "lm_head.weight" else k): t
+                                    for k, t in v2["model"].items()})
+    v1["model_config"] = {old_names.get(k, k): v for k, v in v2["model_config"].items()
+                          if k != "lev_normalize_basis"}
     v1["model_config"].update(lev_chunk=64, lev_compile=True)
-    v1["train_config"] = {old_names.get(k, k): v for k, v in v2["train_config"].items() if k != "lev_normalize_basis"}
+    v1["train_config"] = {old_names.get(k, k): v for k, v in v2["train_config"].items()
+                          if k != "lev_normalize_basis"}
     torch.save(v1, path)
     model, ckpt = checkpoints.load_checkpoint(path, GPT, Config)
-    assert ckpt["model_config"]["lev_normalize_basis"] is False and ckpt["model_config"]["lev_heads"] == 2
+    assert (ckpt["model_config"]["lev_normalize_basis"] is False
+            and ckpt["model_config"]["lev_heads"] == 2)
     assert all(torch.equal(model.state_dict()[k], t) for k, t in v2["model"].items())
-    code, out, err = run_train(capsys, char_data, tmp_path / "v1", "--init_from=resume", "--max_iters=4")
+    code, out, err = run_train(capsys, char_data, tmp_path / "v1", "--init_from=resume",
+                               "--max_iters=4")
     assert code == 0 and "resuming at step 2" in out, err
 
 
@@ -343,25 +374,28 @@ def test_every_arm_draws_the_same_batches(tmp_path, char_data, capsys, monkeypat
     batches = {}
     for arm, seed in (("lev", 1), ("tied", 1), ("untied", 1), ("lev", 2)):
         seen.clear()
-        code, *_ = run_train(capsys, char_data, tmp_path / f"{arm}{seed}", f"--embedding={arm}", f"--seed={seed}",
-                             "--max_iters=3", "--eval_interval=3")
+        code, *_ = run_train(capsys, char_data, tmp_path / f"{arm}{seed}", f"--embedding={arm}",
+                             f"--seed={seed}", "--max_iters=3", "--eval_interval=3")
         assert code == 0
         batches[arm, seed] = list(seen)
     assert batches["lev", 1] == batches["tied", 1] == batches["untied", 1]
     assert batches["lev", 2] != batches["lev", 1]
-    assert losses(tmp_path / "lev1")[0] != losses(tmp_path / "tied1")[0]  # different models all the same
+    # different models all the same
+    assert losses(tmp_path / "lev1")[0] != losses(tmp_path / "tied1")[0]
 
 
 def test_two_ddp_processes_match_one_process(tmp_path, char_data, capsys):
     """torch.distributed.run with 2 CPU processes (gloo), each doing one of 2 micro-steps, trains
     like one process doing both: the same global batches, the same averaged gradients."""
     run = ["--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2"]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             os.path.join(ROOT, "train.py"), f"--data_dir={char_data}", "--dataset=tiny_char",
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node=2", os.path.join(ROOT, "train.py"),
+                             f"--data_dir={char_data}", "--dataset=tiny_char",
                              f"--out_dir={tmp_path / 'ddp'}", *TINY, *run, "--lev_compile=False"],
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 process(es)" in result.stdout and result.stdout.count("step 3: train loss") == 1  # rank 0 prints
+    # rank 0 prints
+    assert "2 process(es)" in result.stdout and result.stdout.count("step 3: train loss") == 1
     assert run_train(capsys, char_data, tmp_path / "one", *run)[0] == 0
     for ddp, one in zip(losses(tmp_path / "ddp"), losses(tmp_path / "one"), strict=True):
         assert ddp == pytest.approx(one, rel=1e-5)
@@ -369,9 +403,11 @@ def test_two_ddp_processes_match_one_process(tmp_path, char_data, capsys):
     assert all(torch.allclose(ddp_weights[k], one_weights[k], atol=1e-5) for k in one_weights)
 
 
-def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, char_data, capsys, monkeypatch):
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, char_data, capsys,
+                                                                     monkeypatch):
     spoil_training_loss(monkeypatch, lambda loss: loss * float("nan"))
-    code, _, err = run_train(capsys, char_data, tmp_path / "out", "--max_iters=8", "--eval_interval=2")
+    code, _, err = run_train(capsys, char_data, tmp_path / "out", "--max_iters=8",
+                             "--eval_interval=2")
     assert code == 1 and "the loss is nan at step 3" in err
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["step"] == 2
     assert [r["step"] for r in read_log(tmp_path / "out")] == [0, 2]
@@ -379,12 +415,15 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, c
 
 def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, capsys):
     out = tmp_path / "out"
-    assert run_train(capsys, char_data, out, "--max_iters=0")[0] == 0  # a checkpoint of the char vocabulary
-    fresh = f"--out_dir={tmp_path / 'fresh'}"  # where a scratch run finds no run to refuse to replace
+    # a checkpoint of the char vocabulary
+    assert run_train(capsys, char_data, out, "--max_iters=0")[0] == 0
+    # where a scratch run finds no run to refuse to replace
+    fresh = f"--out_dir={tmp_path / 'fresh'}"
     (tmp_path / "exec.py").write_text("import os\n")
     (tmp_path / "typo.py").write_text("# a comment\nn_layer = 2\nlearnig_rate = 1e-3\n")
     cases = [
-        (["--dataset=nope", fresh], "python prepare_data.py nope --input="),  # which command prepares it
+        # which command prepares it
+        (["--dataset=nope", fresh], "python prepare_data.py nope --input="),
         (["--n_layers=2"], "did you mean n_layer?"),
         (["--n_layer=two"], "n_layer='two' must be an integer"),
         (["--learning_rate=True"], "must be a number"),
@@ -393,7 +432,8 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
         (["--batch_size=0"], "batch_size=0 must be at least 1"),
         (["--out_dir=out-{arm}"], "must name a setting"),
         ([str(tmp_path / "exec.py")], "line 1: only `key = value` lines"),
-        ([str(tmp_path / "typo.py")], "typo.py line 3: unknown setting 'learnig_rate'; did you mean learning_rate?"),
+        ([str(tmp_path / "typo.py")],
+         "typo.py line 3: unknown setting 'learnig_rate'; did you mean learning_rate?"),
         ([str(tmp_path / "missing.py")], "No such file"),
         (["--init_from=resume", "--dataset=tiny_bpe"], "trained on char tokens (vocab_size 36)"),
         (["--init_from=resume", "--n_embd=64"], "has n_embd=32, this run asks for 64"),
@@ -402,18 +442,22 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
     for args, message in cases:
         code, _, err = run_train(capsys, char_data, out, *args)
         assert code == 2, args
-        assert err.startswith("train.py: error: ") and err.count("\n") == 1 and message in err, (args, err)
+        assert (err.startswith("train.py: error: ") and err.count("\n") == 1
+                and message in err), (args, err)
 
 
 def test_settings_files_then_flags_and_the_shipped_configs():
     def parse_args(argv):
         return settings.parse_args(argv, train.SETTINGS, train.CHOICES, "train.py")
 
-    cpu, explicit = parse_args([os.path.join(ROOT, "config", "shakespeare_cpu.py"), "--embedding=tied",
-                                "--compile", "--learning_rate=3e-4"])
-    assert (cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"]) == (4, 4, 128, 128, 16)
-    assert (cpu["embedding"], cpu["compile"], cpu["learning_rate"], cpu["eval_iters"]) == ("tied", True, 3e-4, 0)
-    assert cpu["lev_seed_dim"] == leviathan.Config.lev_seed_dim and "lev_seed_dim" not in explicit  # from Config
+    cpu, explicit = parse_args([os.path.join(ROOT, "config", "shakespeare_cpu.py"),
+                                "--embedding=tied", "--compile", "--learning_rate=3e-4"])
+    assert ((cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"])
+            == (4, 4, 128, 128, 16))
+    assert ((cpu["embedding"], cpu["compile"], cpu["learning_rate"], cpu["eval_iters"])
+            == ("tied", True, 3e-4, 0))
+    # from Config
+    assert cpu["lev_seed_dim"] == leviathan.Config.lev_seed_dim and "lev_seed_dim" not in explicit
     runs.check_settings(cpu, train.MODEL, Config)
     gpu, _ = parse_args([os.path.join(ROOT, "config", "shakespeare_gpu.py")])
     assert (gpu["n_layer"], gpu["n_head"], gpu["n_embd"], gpu["block_size"]) == (6, 6, 384, 256)
@@ -422,11 +466,15 @@ def test_settings_files_then_flags_and_the_shipped_configs():
 
 
 def test_learning_rate_schedule():
-    s = {"learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 10, "lr_decay_iters": 0, "max_iters": 110}
+    s = {"learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 10, "lr_decay_iters": 0,
+         "max_iters": 110}
     lrs = [train.get_lr(step, s) for step in range(120)]
-    assert 0 < lrs[0] < lrs[9] < lrs[10] == pytest.approx(1e-3)  # warmup: lr > 0 from the first step
-    assert all(a >= b for a, b in zip(lrs[10:-1], lrs[11:], strict=True))  # then the cosine only decays
-    assert lrs[60] == pytest.approx(5.5e-4) and lrs[110] == lrs[119] == 1e-4  # to min_lr at max_iters
+    # warmup: lr > 0 from the first step
+    assert 0 < lrs[0] < lrs[9] < lrs[10] == pytest.approx(1e-3)
+    # then the cosine only decays
+    assert all(a >= b for a, b in zip(lrs[10:-1], lrs[11:], strict=True))
+    # to min_lr at max_iters
+    assert lrs[60] == pytest.approx(5.5e-4) and lrs[110] == lrs[119] == 1e-4
 
 
 def test_help_lists_every_setting(capsys):
@@ -454,21 +502,25 @@ def two_bpe_datasets(tmp_path, tiny_encoding):
 
 def test_fine_tuning_starts_from_the_source_weights(tmp_path, two_bpe_datasets, capsys):
     data = two_bpe_datasets
-    assert run_train(capsys, data, tmp_path / "src", "--max_iters=6", "--eval_interval=6", dataset="a")[0] == 0
-    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}", "--max_iters=4",
-                               "--eval_interval=2", "--eval_iters=0", "--n_layer=3", dataset="b")
-    assert code == 2 and "fine-tuning keeps the source's architecture" in err  # a flag may not change the model
-    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}", "--max_iters=4",
-                               "--eval_interval=2", "--eval_iters=0", dataset="b")
+    assert run_train(capsys, data, tmp_path / "src", "--max_iters=6", "--eval_interval=6",
+                     dataset="a")[0] == 0
+    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}",
+                               "--max_iters=4", "--eval_interval=2", "--eval_iters=0",
+                               "--n_layer=3", dataset="b")
+    # a flag may not change the model
+    assert code == 2 and "fine-tuning keeps the source's architecture" in err
+    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}",
+                               "--max_iters=4", "--eval_interval=2", "--eval_iters=0", dataset="b")
     assert code == 0, err
     assert f"fine-tuning {tmp_path / 'src' / 'ckpt.pt'} (step 6, dataset a)" in out
-    # step 0 of the new run scores the source model on the new data: the same number eval.py
-    # computes
+    # step 0 of the new run scores the source model on the new data: the same number
+    # eval.py computes
     source, _ = checkpoints.load_checkpoint(tmp_path / "src", GPT, Config)
     val = dataset.load_split(str(data / "b"), "val")
     losses_b, _ = ev.evaluate_tokens(source, val, 4, "cpu")
     first = read_log(tmp_path / "ft")[0]
-    assert first["step"] == 0 and first["val_loss"] == pytest.approx(float(losses_b.mean()), rel=1e-6)
+    assert (first["step"] == 0
+            and first["val_loss"] == pytest.approx(float(losses_b.mean()), rel=1e-6))
     assert first["init_from"] == str(tmp_path / "src" / "ckpt.pt")
     ckpt = torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == 4 and ckpt["origin"]["dataset"] == "a" and ckpt["meta"]["dataset"] == "b"
@@ -479,17 +531,21 @@ def test_fine_tuning_starts_from_the_source_weights(tmp_path, two_bpe_datasets, 
 @pytest.mark.parametrize("arm, frozen, changing", [
     ("lev", "embedding,backbone", {"lm_head.weight"}),
     ("untied", "head", {"tok_emb.weight"}),
-    ("tied", "head", set()),  # the tied table is the head too: with the backbone trainable, only it changes
+    # the tied table is the head too: with the backbone trainable, only it changes
+    ("tied", "head", set()),
 ])
 def test_frozen_parts_do_not_change(tmp_path, two_bpe_datasets, capsys, arm, frozen, changing):
     data = two_bpe_datasets
-    assert run_train(capsys, data, tmp_path / "src", "--max_iters=2", "--eval_interval=2", f"--embedding={arm}",
-                     dataset="a")[0] == 0
-    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}", "--max_iters=3",
-                               "--eval_interval=3", f"--freeze={frozen}", "--learning_rate=1e-2", dataset="b")
+    assert run_train(capsys, data, tmp_path / "src", "--max_iters=2", "--eval_interval=2",
+                     f"--embedding={arm}", dataset="a")[0] == 0
+    code, out, err = run_train(capsys, data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}",
+                               "--max_iters=3", "--eval_interval=3", f"--freeze={frozen}",
+                               "--learning_rate=1e-2", dataset="b")
     assert code == 0 and f"(frozen: {frozen})" in out, err
-    trained_parts = {"lev": ["head"], "untied": ["embedding", "backbone"], "tied": ["backbone"]}[arm]
-    assert list(read_log(tmp_path / "ft")[-1]["grad_norms"]) == trained_parts  # frozen parts are left out
+    trained_parts = {"lev": ["head"], "untied": ["embedding", "backbone"],
+                     "tied": ["backbone"]}[arm]
+    # frozen parts are left out
+    assert list(read_log(tmp_path / "ft")[-1]["grad_norms"]) == trained_parts
     before, after = weights(tmp_path / "src"), weights(tmp_path / "ft")
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     if arm == "lev":
@@ -499,7 +555,8 @@ def test_frozen_parts_do_not_change(tmp_path, two_bpe_datasets, capsys, arm, fro
     else:
         assert "tok_emb.weight" not in changed and any(k.startswith("blocks.") for k in changed)
     # a resumed fine-tuning run keeps its frozen parts and its origin
-    code, out, err = run_train(capsys, data, tmp_path / "ft", "--init_from=resume", "--max_iters=5", dataset="b")
+    code, out, err = run_train(capsys, data, tmp_path / "ft", "--init_from=resume", "--max_iters=5",
+                               dataset="b")
     assert code == 0 and f"(frozen: {frozen})" in out, err
     resumed = weights(tmp_path / "ft")
     if arm == "lev":
@@ -507,13 +564,17 @@ def test_frozen_parts_do_not_change(tmp_path, two_bpe_datasets, capsys, arm, fro
     assert torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)["origin"]["dataset"] == "a"
 
 
-def test_fine_tuning_refuses_another_tokenizer_and_bad_freezes(tmp_path, two_bpe_datasets, char_data, capsys):
+def test_fine_tuning_refuses_another_tokenizer_and_bad_freezes(tmp_path, two_bpe_datasets,
+                                                                char_data, capsys):
     data = two_bpe_datasets
-    assert run_train(capsys, data, tmp_path / "src", "--max_iters=2", "--eval_interval=2", dataset="a")[0] == 0
+    assert run_train(capsys, data, tmp_path / "src", "--max_iters=2", "--eval_interval=2",
+                     dataset="a")[0] == 0
     src = f"--init_from={tmp_path / 'src'}"
     cases = [
-        ([src, f"--data_dir={char_data}", "--dataset=tiny_char"], "was trained on tiny tokens (vocab_size 256), but"),
-        ([src, "--freeze=everything"], "freeze='everything': choose among embedding, backbone, head"),
+        ([src, f"--data_dir={char_data}", "--dataset=tiny_char"],
+         "was trained on tiny tokens (vocab_size 256), but"),
+        ([src, "--freeze=everything"],
+         "freeze='everything': choose among embedding, backbone, head"),
         ([src, "--freeze=embedding,backbone,head"], "leaves nothing to train"),
         ([f"--init_from={tmp_path / 'nowhere'}"], "no checkpoint at"),
         ([src, f"--out_dir={tmp_path / 'src'}", "--overwrite"], "is this run's own out_dir"),
@@ -523,14 +584,16 @@ def test_fine_tuning_refuses_another_tokenizer_and_bad_freezes(tmp_path, two_bpe
         assert code == 2 and err.count("\n") == 1 and message in err, (args, err)
 
 
-def test_a_fine_tuning_run_is_named_after_the_source_arm(tmp_path, two_bpe_datasets, capsys, monkeypatch):
+def test_a_fine_tuning_run_is_named_after_the_source_arm(tmp_path, two_bpe_datasets, capsys,
+                                                         monkeypatch):
     """out_dir's default, out-{dataset}-{embedding}, names the source's arm: the architecture comes
     first."""
     data = two_bpe_datasets
-    assert run_train(capsys, data, tmp_path / "src", "--max_iters=0", "--embedding=tied", dataset="a")[0] == 0
+    assert run_train(capsys, data, tmp_path / "src", "--max_iters=0", "--embedding=tied",
+                     dataset="a")[0] == 0
     monkeypatch.chdir(tmp_path)
-    code = train.main([f"--data_dir={data}", "--dataset=b", f"--init_from={tmp_path / 'src'}", "--max_iters=0",
-                       "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--device=cpu",
-                       "--batch_size=4", "--eval_iters=1"])
+    code = train.main([f"--data_dir={data}", "--dataset=b", f"--init_from={tmp_path / 'src'}",
+                       "--max_iters=0", "--n_layer=1", "--n_head=2", "--n_embd=32",
+                       "--block_size=16", "--device=cpu", "--batch_size=4", "--eval_iters=1"])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "out-b-tied" / "ckpt.pt").exists() and not (tmp_path / "out-b-lev").exists()
