@@ -149,13 +149,30 @@ def saved_architecture(model_config, model_table):
 
 def check_same_tokens(meta, data, path, advice):
     """The checkpoint at path (of the dataset meta) must have been trained on data's tokens."""
-    if not all(meta.get(k) == data.meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
-        raise SettingsError(f"{path} was trained on {describe_tokens(meta)}, but {data.dir} has "
-                            f"{describe_tokens(data.meta)}; {advice}")
+    if all(meta.get(k) == data.meta.get(k) for k in ("tokenizer", "vocab_size")):
+        if meta.get("chars") == data.meta.get("chars"):
+            return
+        how = describe_chars(meta.get("chars"), data.meta.get("chars"))
+        raise SettingsError(f"{path} was trained on {describe_tokens(meta)}, and {data.dir} has as "
+                            f"many, but {how}; {advice}")
+    raise SettingsError(f"{path} was trained on {describe_tokens(meta)}, but {data.dir} has "
+                        f"{describe_tokens(data.meta)}; {advice}")
 
 
 def describe_tokens(meta):
     return f"{meta.get('tokenizer')} tokens (vocab_size {meta.get('vocab_size')})"
+
+
+def describe_chars(trained, data):
+    """How two char vocabularies of one size differ: characters of one only, or their order."""
+    trained, data = trained or "", data or ""
+    only_trained, only_data = sorted(set(trained) - set(data)), sorted(set(data) - set(trained))
+    if not (only_trained or only_data):
+        return "the same characters have other ids"
+    sides = (("the checkpoint", only_trained), ("the data", only_data))
+    parts = [f"{name} has {''.join(chars)!r} and the other has not"
+             for name, chars in sides if chars]
+    return "other characters: " + "; ".join(parts)
 
 
 def restore_rng(ckpt, data_generator, device, path):

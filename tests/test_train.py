@@ -597,3 +597,19 @@ def test_a_fine_tuning_run_is_named_after_the_source_arm(tmp_path, two_bpe_datas
                        "--block_size=16", "--device=cpu", "--batch_size=4", "--eval_iters=1"])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "out-b-tied" / "ckpt.pt").exists() and not (tmp_path / "out-b-lev").exists()
+
+
+def test_fine_tuning_onto_other_characters_of_the_same_count_says_they_differ(tmp_path, char_data,
+                                                                              text, capsys):
+    """A char-level model's ids mean its own characters: a dataset of as many, but other, characters
+    is refused, and the message says what differs (not "char tokens (vocab_size N)" twice)."""
+    assert run_train(capsys, char_data, tmp_path / "src", "--max_iters=1")[0] == 0
+    unused = next(c for c in "@#%&" if c not in text)
+    swapped, dropped = text.replace("a", unused), "a"
+    corpus.prepare(swapped, "char", str(char_data / "other"), "other", "synthetic")
+    code, _, err = run_train(capsys, char_data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}",
+                             dataset="other")
+    assert code == 2 and err.startswith("train.py: error: ") and err.count("\n") == 1, err
+    assert "and " in err and "has as many, but other characters" in err
+    assert f"the checkpoint has {dropped!r} and the other has not" in err
+    assert f"the data has {unused!r} and the other has not" in err
