@@ -22,8 +22,11 @@ The first DIR is the baseline every other arm is compared with. Four measurement
      ARC, WinoGrande, or your own multiple choice), scored as lm-evaluation-harness does, in one
      table with n and 95% intervals (machinery/tasks.py; the formats are at the end of --help).
 
-All checkpoints must come from one dataset and tokenizer; it is read from DATA_DIR/<dataset>, with
---data_dir (default: data, relative to the working directory) meaning what it means to train.py.
+All checkpoints must share one tokenizer (docs/evaluation.md says why). They may come from
+different datasets (a model and its fine-tuned version): every run is scored on one dataset,
+DATA_DIR/<dataset> (the first run's, or --dataset=NAME), with --data_dir (default: data, relative
+to the working directory) meaning what it means to train.py; token efficiency compares the runs of
+that dataset only, since each log.jsonl is of its own run's val split.
 """
 # machinery/evaluation.py writes the tables, the figure and the JSON file.
 
@@ -39,7 +42,7 @@ from leviathan import GPT, Config
 from machinery import cli, devices, tasks
 from machinery.checkpoints import load_checkpoint
 from machinery.dataset import eval_windows, get_tokenizer
-from machinery.evaluation import check_args, labels, load_data, read_curve, same_data, write_outputs
+from machinery.evaluation import check_args, labels, load_data, read_curve, scored_on, write_outputs
 from machinery.runtime import set_runtime
 
 # a target falls in bucket i when its id's training count is in [lower[i], lower[i + 1])
@@ -165,6 +168,17 @@ def token_efficiency(curves):
     return target, rows
 
 
+def token_efficiency_among(curves, here):
+    """token_efficiency among the runs trained on the scored dataset (here[i]): a log.jsonl curve is
+    of its run's own val split, so those of other datasets are left out -> (target loss, a row per
+    run: all None for the runs left out and where unknown)."""
+    unknown = dict.fromkeys(("final_val_loss", "tokens_to_reach", "fewer_tokens"))
+    picked = [curve for curve, h in zip(curves, here, strict=True) if h]
+    target, rows = token_efficiency(picked) if picked else (None, None)
+    rows = iter(rows or [unknown] * len(picked))
+    return target, [next(rows) if h else unknown for h in here]
+
+
 # --------------------------------------------------------------------------------------------------
 # 3. LAMBADA-style last-word prediction (rule: LAMBADA_RULE)
 
@@ -250,8 +264,10 @@ def parse_args(argv):
     p.add_argument("dirs", nargs="+", metavar="DIR", help="checkpoint dirs (ckpt.pt, and log.jsonl "
                    "for token efficiency); the first is the baseline")
     p.add_argument("--data_dir", default="data", help="folder that holds the prepared datasets, as "
-                   "for train.py; the dataset read is DATA_DIR/<dataset of the checkpoints> "
-                   "(default: data)")
+                   "for train.py; the dataset read is DATA_DIR/<dataset> (default: data)")
+    p.add_argument("--dataset", default=None, metavar="NAME", help="the dataset every run is "
+                   "scored on, a folder under --data_dir as for train.py; it must have the runs' "
+                   "tokenizer (default: the first run's)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"),
                    help="auto: cuda if available, else mps, else cpu (default: auto)")
     p.add_argument("--batch_size", type=int, default=16, help="windows (or last-word passages) per "
@@ -278,9 +294,9 @@ def parse_args(argv):
     return args
 
 
-def load_runs(dirs, device, plain=False):
+def load_runs(dirs, device, plain=False, dataset=None):
     """Every checkpoint, loaded first so that a mismatch is refused before any time is spent
-    evaluating -> (arms [(dir, model, ckpt)], identity of their data)."""
+    evaluating -> (arms [(dir, model, ckpt)], their tokenizer, the dataset to score them on)."""
     arms = []
     for d in dirs:
         try:
@@ -292,7 +308,7 @@ def load_runs(dirs, device, plain=False):
         ckpt.pop("optimizer", None)  # the largest part, unused here
         arms.append((d, model, ckpt))
     try:
-        return arms, same_data(arms)
+        return (arms, *scored_on(arms, dataset))
     except ValueError as e:
         fail(str(e))
 
@@ -334,7 +350,8 @@ def evaluate_run(d, model, ckpt, label, val, counts, passages, task_sets, args, 
     # progress, while the tables wait
     print(f"evaluated {d}: val loss {val_loss:.4f}", file=sys.stderr)
     lambada = lambada_eval(model, passages, args.batch_size, device) if args.lambada_max else None
-    return {"label": label, "dir": d, "embedding": ckpt["model_config"]["embedding"],
+    return {"label": label, "dir": d, "dataset": ckpt["meta"].get("dataset"),
+            "embedding": ckpt["model_config"]["embedding"],
             "model_config": ckpt["model_config"], "step": ckpt.get("step"),
             "tokens_seen": ckpt.get("tokens_seen"), "params": model.param_report(),
             "val_targets": len(targets), "val_loss": val_loss, "val_ppl": math.exp(val_loss),
@@ -346,9 +363,9 @@ def evaluate_run(d, model, ckpt, label, val, counts, passages, task_sets, args, 
 def main(argv=None):
     args = parse_args(argv)
     device = resolve_device(args.device)
-    arms, want = load_runs(args.dirs, device, args.plain)
+    arms, tokens, dataset = load_runs(args.dirs, device, args.plain, args.dataset)
     try:
-        data_dir, meta, val, train = load_data(args.data_dir, want)
+        data_dir, meta, val, train = load_data(args.data_dir, dataset, tokens)
     except ValueError as e:
         fail(str(e))
     counts = train_counts(train, meta["vocab_size"])
@@ -357,17 +374,18 @@ def main(argv=None):
         curves = [read_curve(d) for d, _, _ in arms]
     except ValueError as e:
         fail(str(e))
-    target_loss, efficiency = token_efficiency(curves)
+    here = [ckpt["meta"].get("dataset") == dataset for _, _, ckpt in arms]
+    target_loss, efficiency = token_efficiency_among(curves, here)
     names = labels(args.dirs, [ckpt["model_config"]["embedding"] for _, _, ckpt in arms])
     results = []
     for i, (d, model, ckpt) in enumerate(arms):
         result = evaluate_run(d, model, ckpt, names[i], val, counts, passages, task_sets, args,
                               device)
-        unknown = dict.fromkeys(("final_val_loss", "tokens_to_reach", "fewer_tokens"))  # no log
-        result["token_efficiency"] = efficiency[i] if efficiency else unknown
+        result["token_efficiency"] = efficiency[i]
         result["curve"] = curves[i]
         results.append(result)
-    write_outputs(results, target_loss, data_dir, want, task_sets, args.json, args.plot)
+    write_outputs(results, target_loss, (data_dir, dataset, tokens[0]), task_sets, args.json,
+                  args.plot)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ import re
 import sys
 import urllib.request
 
-from machinery.cli import ArgumentParser, write_atomic
+from machinery.cli import ArgumentParser, fail, write_atomic
 from machinery.corpus import prepare_files
 from machinery.corpus_bench import bench
 from machinery.corpus_readers import file_sha256
@@ -185,8 +185,10 @@ def main(argv=None):
             return
         meta, out_dir, stats = run(args)
     except (OSError, ValueError) as e:  # FileNotFoundError and ConnectionError are OSErrors
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail("prepare_data.py", e)
+    except MemoryError:  # e.g. a .jsonl line of many GB, read whole
+        fail("prepare_data.py", "out of memory (a document larger than the memory left?); split "
+             "the input, or use fewer --workers")
     except KeyboardInterrupt:
         print(f"interrupted: {os.path.join(args.data_dir, args.name or '')} is as it was",
               file=sys.stderr)

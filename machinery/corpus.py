@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from machinery.cli import pid_alive
+from machinery.cli import one_line, pid_alive
 from machinery.corpus_readers import (
     Corpus,
     decoded_blocks,
@@ -32,6 +32,7 @@ from machinery.corpus_readers import (
     raw_blocks,
     scan_text,
     single_text_items,
+    skipped_note,
     string_blocks,
 )
 from machinery.dataset import UINT16_VOCAB, CharTokenizer, TiktokenTokenizer, load_encoding
@@ -129,6 +130,27 @@ def init_pool_worker(*worker_args):
     init_worker(*worker_args)
 
 
+def parse_json_line(raw, where):
+    """One .jsonl line (bytes) -> (its value, None), or (None, one-line error starting with
+    `where`): any failure of the decoder or the parser, deep nesting and huge values included."""
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except UnicodeDecodeError as e:
+        return None, (f"{where}: not UTF-8 text (byte {e.start:,} of the line); convert the file "
+                      f"to UTF-8")
+    except json.JSONDecodeError as e:
+        return None, (f"{where}: not valid JSON ({e.msg}, column {e.colno}); fix or remove the "
+                      f"line")
+    except RecursionError:
+        return None, (f"{where}: nested too deeply to read (lists or objects inside one another, "
+                      f"more levels than Python's recursion limit); fix or remove the line")
+    except MemoryError:
+        return None, (f"{where}: too large to read ({len(raw):,} bytes do not fit in memory as "
+                      f"JSON); split or remove the line")
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        return None, (f"{where}: not valid JSON ({str(e).split(';')[0]}); fix or remove the line")
+
+
 def jsonl_documents(block, path, first_line, text_field):
     """The texts of a block of .jsonl lines (blank lines skipped) -> (texts, None), or
     (None, one-line error)."""
@@ -137,14 +159,9 @@ def jsonl_documents(block, path, first_line, text_field):
         if not raw.strip():
             continue
         where = f"{path}, line {first_line + i:,}"
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            return None, (f"{where}: not UTF-8 text (byte {e.start:,} of the line); convert the "
-                          f"file to UTF-8")
-        except json.JSONDecodeError as e:
-            return None, (f"{where}: not valid JSON ({e.msg}, column {e.colno}); fix or remove "
-                          f"the line")
+        record, error = parse_json_line(raw, where)
+        if error:
+            return None, error
         if not isinstance(record, dict) or text_field not in record:
             if isinstance(record, dict):
                 keys = ", ".join(list(record)[:8])
@@ -178,6 +195,17 @@ def tokenize_item(item):
     """Tokens of one work item, with this process's tokenizer -> (tokens as one array, token count
     of each document (or of the one piece, for "text"), None), or (None, None, one-line error). Each
     finished document is followed by eot_token, when there is one; empty documents give nothing."""
+    try:
+        return tokenize_texts(item)
+    except MemoryError:  # an error line, not a traceback from the worker pool
+        where = {"text": "", "jsonl": f", lines from {item.line:,}",
+                 "rows": f", rows from {item.line:,}"}[item.kind]
+        return None, None, (f"{item.path}{where}: too large to tokenize in the memory left; use "
+                            f"fewer --workers, or split the documents")
+
+
+def tokenize_texts(item):
+    """tokenize_item, but a MemoryError is raised."""
     texts, ends, error = item_texts(item)
     if error:
         return None, None, error
@@ -375,12 +403,15 @@ def prepare(text, tokenizer, out_dir, dataset, source, workers=1):
 
 def prepare_files(spec, tokenizer, out_dir, dataset, source=None, text_field="text", workers=1,
                   sha256=None, show_progress=False, stats=None):
-    """Prepare the files of --input `spec` (a file, a directory or a glob: list_inputs) into
-    out_dir; returns meta. One text file is split by characters (prepare); anything else is a corpus
-    of documents. sha256: the one text file's expected sha256 (a known dataset). stats: filled with
-    the run's peak memory and time."""
+    """Prepare the files of --input `spec` (a file, a directory or a glob: list_inputs, whose
+    skipped paths are one note on stderr) into out_dir; returns meta. One text file is split by
+    characters (prepare); anything else is a corpus of documents. sha256: the one text file's
+    expected sha256 (a known dataset). stats: filled with the run's peak memory and time."""
     start = time.perf_counter()
-    paths = list_inputs(spec)
+    paths, skipped = list_inputs(spec)
+    if skipped:
+        print(f"prepare_data.py: note: {one_line(skipped_note(skipped))}", file=sys.stderr,
+              flush=True)
     single_text = len(paths) == 1 and paths[0] == spec and file_kind(spec) == "text"
     if sha256 is not None and not single_text:
         raise ValueError(f"--input={spec} must be a local copy of the dataset's one text file")

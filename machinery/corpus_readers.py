@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import itertools
 import os
+import stat
 import zlib
 
 # What a directory is searched for.
@@ -47,35 +48,153 @@ def file_kind(path):
 
 
 def list_inputs(spec):
-    """The files of --input, in sorted order: a file, a directory (recursively: CORPUS_SUFFIXES,
-    hidden names skipped) or a glob (every file it matches, "**" included)."""
+    """The files of --input, in sorted order, each real file once -> (paths, skipped): a file, a
+    directory (recursively: CORPUS_SUFFIXES, hidden names skipped) or a glob (every file it matches,
+    "**" included). Links are followed, but each directory is entered once (walk_dirs) and each
+    file, by device and inode, listed once: under the first of its paths in sorted order, those that
+    are not links first. skipped: the other paths, which reach a directory or a file already listed
+    (a loop, a second link)."""
     if os.path.isdir(spec):
-        def fail(e):
-            raise OSError(f"cannot read directory {e.filename}: {e.strerror}")
-
-        paths = []
-        for folder, dirs, files in os.walk(spec, onerror=fail, followlinks=True):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            paths += [os.path.join(folder, f) for f in files
-                      if not f.startswith(".") and f.lower().endswith(CORPUS_SUFFIXES)]
+        paths, skipped = walk_directory(spec)
         what = f"directory {spec} holds no {', '.join(CORPUS_SUFFIXES)} files"
     elif glob.has_magic(spec):
-        paths = [p for p in glob.glob(spec, recursive=True) if not os.path.isdir(p)]
+        paths, skipped = glob_files(spec)
         what = f"--input={spec} matches no files"
     elif os.path.lexists(spec):
-        paths, what = [spec], ""
+        paths, skipped, what = [spec], [], ""
     else:
         raise FileNotFoundError(f"--input={spec}: no such file or directory")
     if not paths:
         raise FileNotFoundError(what)
-    # fail before any work, not after hours: every file must exist and be readable
-    for path in paths:
-        if not os.path.isfile(path) or not os.access(path, os.R_OK):
-            problem = "not readable" if os.path.isfile(path) else "not a file"
-            raise OSError(f"cannot read {path}: {problem}; fix its permissions or remove it from "
-                          f"the input")
-        file_kind(path)
-    return sorted(paths)
+    # fail before any work, not after hours: every file must be a readable regular file
+    files = {}
+    for path in sorted(paths, key=lambda p: (os.path.islink(p), p)):
+        key = check_input_file(path)
+        if key in files:
+            skipped.append(path)
+        else:
+            files[key] = path
+    return sorted(files.values()), sorted(set(skipped))
+
+
+def file_key(path):
+    """What a path leads to, links followed: (device, inode)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def walk_dirs(top):
+    """The directories of a tree, hidden ones skipped, each entered once (by device and inode), even
+    through links -> ([(directory, names of its other entries), ...], skipped: the paths that lead
+    to a directory already entered). The tree is walked without links first, then each link to a
+    directory not yet entered, in sorted order, and so on: a directory is reached by its own path
+    where it has one. (os.walk would follow a link to "." 40 levels deep, and two such links 2**40
+    paths deep.)"""
+    def fail(e):
+        raise OSError(f"cannot read directory {e.filename}: {e.strerror}")
+
+    entered, dirs, skipped, roots = set(), [], [], [top]
+    while roots:
+        links = []
+        for root in roots:
+            for folder, subdirs, files in os.walk(root, onerror=fail):  # links not followed
+                key = file_key(folder)
+                if key in entered:  # a link's target, entered before
+                    skipped.append(folder)
+                    subdirs[:] = []
+                    continue
+                entered.add(key)
+                dirs.append((folder, files))
+                visible = [d for d in subdirs if not d.startswith(".")]
+                links += [os.path.join(folder, d) for d in visible
+                          if os.path.islink(os.path.join(folder, d))]
+                subdirs[:] = [d for d in visible if not os.path.islink(os.path.join(folder, d))]
+        roots = sorted(links)
+    return dirs, skipped
+
+
+def walk_directory(folder):
+    """The corpus files of a directory tree (CORPUS_SUFFIXES, hidden names skipped) -> (paths,
+    skipped), as walk_dirs walks it."""
+    dirs, skipped = walk_dirs(folder)
+    paths = [os.path.join(d, name) for d, files in dirs for name in files
+             if not name.startswith(".") and name.lower().endswith(CORPUS_SUFFIXES)]
+    return paths, skipped
+
+
+def glob_files(pattern):
+    """The files a glob matches (glob.glob(pattern, recursive=True), directories left out) ->
+    (paths, skipped). A "**" is walked by walk_dirs (each directory once), not by glob, which
+    follows links into loops as os.walk does."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return [p for p in glob.glob(pattern) if not os.path.isdir(p)], []
+    i = parts.index("**")
+    base = os.sep.join(parts[:i]) or (os.sep if pattern.startswith(os.sep) else "")
+    rest = os.sep.join(parts[i + 1:]) if i + 1 < len(parts) else "*"  # "a/**": all below a
+    tops = glob.glob(base) if glob.has_magic(base) else [base or os.curdir]
+    paths, skipped = [], []
+    for top in filter(os.path.isdir, tops):
+        dirs, skipped_here = walk_dirs(top)
+        dirs = [d for d, _ in dirs]
+        if not base:  # named as glob names them: "a/x.txt", not "./a/x.txt"
+            dirs = ["" if d == os.curdir else d.removeprefix(os.curdir + os.sep) for d in dirs]
+            skipped_here = [d.removeprefix(os.curdir + os.sep) for d in skipped_here]
+        skipped += skipped_here
+        for d in dirs:
+            found, skipped_here = glob_files(os.path.join(glob.escape(d), rest))
+            paths += found
+            skipped += skipped_here
+    return paths, skipped
+
+
+# What each kind of file that is not a regular file is called, in errors.
+SPECIAL_FILES = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO (named pipe)"),
+                 (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                 (stat.S_ISBLK, "block device"))
+
+
+def check_input_file(path):
+    """Refuse, in one line, what cannot be read as a corpus file: a broken link, an unreadable file,
+    and special files (FIFOs, sockets, devices), which could be read forever or block -> the file's
+    (device, inode)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if os.path.islink(path):  # its target is missing, or a loop of links
+            raise OSError(f"cannot read {path}: a link to {os.readlink(path)} ({e.strerror}); "
+                          f"remove the link or restore its target") from None
+        raise OSError(f"cannot read {path}: {e.strerror}; fix its permissions or remove it from "
+                      f"the input") from None
+    special_file_error(path, st.st_mode)
+    if not os.access(path, os.R_OK):
+        raise OSError(f"cannot read {path}: not readable; fix its permissions or remove it from "
+                      f"the input")
+    file_kind(path)
+    return st.st_dev, st.st_ino
+
+
+def special_file_error(path, mode):
+    """Raise the one-line error for a path that is not a regular file (mode: its st_mode)."""
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in SPECIAL_FILES if test(mode)), "special file")
+    raise OSError(f"cannot read {path}: a {kind}, not a regular file; remove it from the input "
+                  f"(or save its content to a file and give that)")
+
+
+def skipped_note(skipped, shown=3):
+    """One line on the paths list_inputs skipped, naming a few, or None."""
+    if not skipped:
+        return None
+    names = ", ".join(skipped[:shown])
+    if len(skipped) > shown:
+        names += f" and {len(skipped) - shown:,} more"
+    if len(skipped) == 1:
+        return (f"skipped 1 path that reaches a directory or a file already read (a link or a "
+                f"loop), so that each file is read once: {names}")
+    return (f"skipped {len(skipped):,} paths that reach directories or files already read (links "
+            f"or loops), so that each file is read once: {names}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -106,11 +225,19 @@ class HashingFile:
 def open_input(path, on_read=None):
     """-> (HashingFile of the file, stream of its content: decompressed for .gz)."""
     try:
-        f = open(path, "rb")
+        # non-blocking: opening a FIFO to read would otherwise wait for a writer, maybe forever
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise OSError(f"cannot read {path}: {e.strerror}; fix its permissions or remove it from "
                       f"the input") from None
-    hashing = HashingFile(f, on_read)
+    try:
+        special_file_error(path, os.fstat(fd).st_mode)  # it may have changed since list_inputs
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    hashing = HashingFile(os.fdopen(fd, "rb"), on_read)
     if path.lower().endswith(".gz"):
         return hashing, gzip.GzipFile(fileobj=hashing, mode="rb")
     return hashing, hashing

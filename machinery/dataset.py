@@ -7,6 +7,8 @@ eval_windows. numpy and tiktoken only: no torch.
 
 import json
 import os
+import re
+import sys
 
 import numpy as np
 
@@ -66,10 +68,16 @@ class TiktokenTokenizer:
     def encode_array(self, text):
         """encode(text) as a numpy array. tiktoken >= 0.8's encode_to_numpy skips building a list of
         Python ints (docs/speed.md); with nothing allowed or disallowed as special, it encodes
-        special tokens as text too."""
-        if hasattr(self.encoding, "encode_to_numpy"):
+        special tokens as text too. Surrogates (a JSON "\\ud800" decodes to one) are not UTF-8, and
+        encode_to_numpy refuses them: they are replaced here as encode_ordinary replaces them (a
+        pair by its character, a lone one by U+FFFD), so the tokens are encode's."""
+        if not hasattr(self.encoding, "encode_to_numpy"):
+            return np.array(self.encode(text), dtype=np.uint32)
+        try:
             return self.encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
-        return np.array(self.encode(text), dtype=np.uint32)
+        except UnicodeEncodeError:
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            return self.encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def decode(self, ids):
         return self.encoding.decode(list(ids))
@@ -152,11 +160,15 @@ def load_meta(data_dir):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no prepared dataset in {data_dir} (no meta.json); prepare it "
                                 f"first: {prepare_command(name)}")
+    with open(path, "rb") as f:
+        data = f.read()
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        meta = json.loads(data.decode("utf-8"))
+    except json.JSONDecodeError as e:  # its message names the line and column
         raise ValueError(f"{path} is not valid JSON ({e}); prepare the dataset again: "
+                         f"{prepare_command(name)}") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path}{json_failure(data, e)}; prepare the dataset again: "
                          f"{prepare_command(name)}") from None
     required = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens")
     missing = [key for key in required if key not in meta] if isinstance(meta, dict) else required
@@ -168,6 +180,45 @@ def load_meta(data_dir):
         raise ValueError(f"{path}: {problem}; it was edited or damaged. Prepare the dataset again: "
                          f"{prepare_command(name)}")
     return meta
+
+
+def json_failure(data, e):
+    """Where and what a failure of json.loads(data.decode("utf-8")) other than a JSONDecodeError
+    is, for an error line that begins with the file's name: ", line N: what"."""
+    def line_of(offset):
+        line = data.count(b"\n", 0, offset) + 1
+        return f", line {line:,}"
+
+    if isinstance(e, UnicodeDecodeError):
+        return f"{line_of(e.start)}: not UTF-8 text (byte {e.start:,})"
+    if isinstance(e, RecursionError):
+        return f"{line_of(deepest_offset(data))}: nested too deeply to read"
+    if isinstance(e, MemoryError):
+        return f": too large to read as JSON ({len(data):,} bytes)"
+    # else an integer of more digits than Python converts (sys.get_int_max_str_digits)
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+    digits = re.search(rb"\d{%d,}" % (limit + 1), data) if limit else None
+    where = line_of(digits.start()) if digits else ""
+    return f"{where}: not valid JSON ({str(e).split(';')[0]})"
+
+
+def deepest_offset(data):
+    """Where, in a JSON text (bytes), its lists and objects first nest deepest."""
+    depth = deepest = at = 0
+    in_string = False
+    for match in re.finditer(rb'\\.|["\[\]{}]', data, re.DOTALL):  # an escape, a quote, a bracket
+        token = match.group()
+        if token == b'"':
+            in_string = not in_string
+        elif in_string or len(token) == 2:
+            continue
+        elif token in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest, at = depth, match.start()
+        else:
+            depth -= 1
+    return at
 
 
 def meta_problem(meta):
@@ -186,8 +237,11 @@ def meta_problem(meta):
     if not (count("train_tokens") and count("val_tokens")):
         return "train_tokens and val_tokens must be non-negative integers"
     if meta["tokenizer"] == "char" and not (isinstance(meta.get("chars"), str)
+                                            and len(set(meta["chars"])) == meta["vocab_size"]
                                             and len(meta["chars"]) == meta["vocab_size"]):
-        return "a char dataset needs 'chars', a string of vocab_size characters"
+        return "a char dataset needs 'chars', a string of vocab_size distinct characters"
+    if meta["tokenizer"] == "char" and any("\ud800" <= c <= "\udfff" for c in meta["chars"]):
+        return "'chars' holds a surrogate (an escape \\ud800 to \\udfff), which is no character"
     return None
 
 

@@ -29,7 +29,11 @@ def check_args(args):
                          f"task)")
     if args.task_max < 0:
         raise ValueError(f"--task_max={args.task_max} must be >= 0 (0: every example)")
-    specs = [tasks.parse_spec(spec) for spec in args.task]
+    name = args.dataset
+    if name is not None and (os.path.basename(name) != name or name in ("", ".", "..")):
+        raise ValueError(f"--dataset={name} must be a folder name under --data_dir, as for "
+                         f"train.py (use --data_dir for the folder above it)")
+    specs = tasks.parse_specs(args.task)
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -42,26 +46,58 @@ def check_args(args):
     return specs
 
 
-def identity(meta, vocab_size):
-    """What must agree between checkpoints and data: dataset, tokenizer, vocabulary."""
-    return meta.get("dataset"), meta.get("tokenizer"), vocab_size, meta.get("chars")
+# eval.py's one-line error when the runs' tokenizers differ: the rule, for whoever tries it
+TOKENIZER_RULE = ("perplexities per token and per-token buckets are not comparable across "
+                  "tokenizers; zero-shot task accuracy is, but evaluate each run on its own "
+                  "(python eval.py RUN --task=...), since every run scores the same strings with "
+                  "its own tokenizer")
 
 
-def same_data(arms):
-    """arms [(dir, model, ckpt)] -> the identity of their data, the same for every arm."""
+def tokens_of(meta, vocab_size):
+    """What runs and data must share for their perplexities to be compared: the tokenizer (for a
+    char tokenizer, its characters too)."""
+    return meta.get("tokenizer"), vocab_size, meta.get("chars")
+
+
+def describe(tokens):
+    return f"tokenizer {tokens[0]} (vocab {tokens[1]})"
+
+
+def same_tokenizer(arms):
+    """arms [(dir, model, ckpt)] -> the tokenizer they share (tokens_of). Runs trained on different
+    datasets are compared (a model and its fine-tuned version); runs of different tokenizers are
+    refused (TOKENIZER_RULE)."""
     first_dir, first_model, first_ckpt = arms[0]
-    want = identity(first_ckpt["meta"], first_model.config.vocab_size)
+    want = tokens_of(first_ckpt["meta"], first_model.config.vocab_size)
     for d, model, ckpt in arms[1:]:
-        got = identity(ckpt["meta"], model.config.vocab_size)
+        got = tokens_of(ckpt["meta"], model.config.vocab_size)
+        if got[:2] == want[:2] and got != want:
+            raise ValueError(f"{first_dir} and {d} both use {describe(want)}, but not the same "
+                             f"characters for the same ids; {TOKENIZER_RULE}")
         if got != want:
-            raise ValueError(f"{first_dir} was trained on dataset {want[0]!r} (tokenizer "
-                             f"{want[1]}, vocab {want[2]}) but {d} on {got[0]!r} (tokenizer "
-                             f"{got[1]}, vocab {got[2]}); compare checkpoints of one dataset and "
-                             f"tokenizer only")
-    if not isinstance(want[0], str) or not want[0]:
-        raise ValueError(f"{first_dir}: its dataset name {want[0]!r} is not a folder name; the "
-                         f"checkpoint was edited or damaged")
+            raise ValueError(f"{first_dir} uses {describe(want)} but {d} uses {describe(got)}; "
+                             f"{TOKENIZER_RULE}")
     return want
+
+
+def scored_dataset(arms, name=None):
+    """The dataset whose validation split every run is scored on: name (--dataset), else the first
+    run's."""
+    if name is not None:
+        return name
+    first_dir, _, first_ckpt = arms[0]
+    name = first_ckpt["meta"].get("dataset")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{first_dir}: its dataset name {name!r} is not a folder name; the "
+                         f"checkpoint was edited or damaged (or name the dataset to score with "
+                         f"--dataset)")
+    return name
+
+
+def scored_on(arms, name=None):
+    """What the runs are scored on -> (their tokenizer, the dataset): same_tokenizer and
+    scored_dataset."""
+    return same_tokenizer(arms), scored_dataset(arms, name)
 
 
 def labels(dirs, embeddings):
@@ -75,21 +111,26 @@ def labels(dirs, embeddings):
             for lab, e, d in zip(out, embeddings, dirs, strict=True)]
 
 
-def load_data(data_root, want):
-    """The dataset the runs were trained on -> (data_dir, meta, val split, train split), checked
-    against want, the runs' identity."""
-    data_dir = os.path.join(data_root, want[0])
+def load_data(data_root, dataset, tokens):
+    """The dataset the runs are scored on -> (data_dir, meta, val split, train split), checked to be
+    that dataset, of tokens, the runs' tokenizer."""
+    data_dir = os.path.join(data_root, dataset)
     try:
         meta = load_meta(data_dir)
         val, train = load_split(data_dir, "val"), load_split(data_dir, "train")
     except (OSError, ValueError) as e:
         raise ValueError(f"{e} (or point --data_dir at the folder that holds dataset "
-                         f"{want[0]!r})") from None
-    got = identity(meta, meta.get("vocab_size"))
-    if got != want:
-        raise ValueError(f"{data_dir} holds dataset {got[0]!r} (tokenizer {got[1]}, vocab "
-                         f"{got[2]}) but the checkpoints were trained on {want[0]!r} (tokenizer "
-                         f"{want[1]}, vocab {want[2]}); prepare it again or fix --data_dir")
+                         f"{dataset!r})") from None
+    got = tokens_of(meta, meta.get("vocab_size"))
+    if meta.get("dataset") != dataset:
+        raise ValueError(f"{data_dir} holds dataset {meta.get('dataset')!r}, not {dataset!r}; "
+                         f"prepare it again or fix --data_dir")
+    if got != tokens:
+        runs = ("other characters than the runs'" if got[:2] == tokens[:2]
+                else f"the runs use {describe(tokens)}")
+        raise ValueError(f"{data_dir} holds dataset {dataset!r} of {describe(got)}, but {runs}; "
+                         f"score them on a dataset of their tokenizer (--dataset) or prepare it "
+                         f"again")
     if len(val) and int(np.max(val)) >= meta["vocab_size"]:
         raise ValueError(f"{data_dir}/val.bin holds ids >= vocab_size {meta['vocab_size']}; "
                          f"prepare the dataset again")
@@ -106,7 +147,7 @@ def read_curve(run_dir):
     if not os.path.isfile(path):
         return None
     curve = []
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # as train.py's read_log reads it
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -115,9 +156,12 @@ def read_curve(run_dir):
                 curve.append((float(record["tokens"]), float(record["val_loss"])))
                 if not all(math.isfinite(v) for v in curve[-1]):
                     raise ValueError("not finite")
-            except (ValueError, KeyError, TypeError) as e:
+            # RecursionError: nested too deeply to parse; OverflowError: an int past float's range
+            except (ValueError, KeyError, TypeError, RecursionError, MemoryError,
+                    OverflowError) as e:
                 raise ValueError(f"{path}:{n} is not a log record with 'tokens' and 'val_loss' "
-                                 f"({e}); fix or delete that line") from None
+                                 f"({str(e) or type(e).__name__}); fix or delete that "
+                                 f"line") from None
     return sorted(curve) or None
 
 
@@ -171,13 +215,27 @@ def bucket_table(results):
             + table(header, rows))
 
 
-def efficiency_table(results, target_loss):
-    """Measurement 3: the training tokens each arm needed to reach the baseline's final val loss."""
-    base = results[0]
+def efficiency_runs(results, dataset):
+    """The runs that token efficiency compares: those trained on the scored dataset (a log.jsonl
+    curve is of its run's own val split); the first of them is the reference."""
+    return [r for r in results if r["dataset"] == dataset]
+
+
+def efficiency_table(results, target_loss, dataset):
+    """Measurement 3: the training tokens each run of the scored dataset needed to reach the final
+    val loss of the first of them (the baseline, unless --dataset chose another dataset)."""
+    runs = efficiency_runs(results, dataset)
+    others = [f"{r['label']} (on {r['dataset']!r})" for r in results if r["dataset"] != dataset]
+    note = (f"\n\n- left out: {', '.join(others)}: trained on another dataset (a log.jsonl "
+            f"curve is of its own run's val split)") if others else ""
+    if not runs:
+        return f"\n## Token efficiency: skipped, no run was trained on {dataset!r}" + note
+    base = runs[0]
     if target_loss is None:
-        return f"\n## Token efficiency: skipped, the baseline {base['label']} has no log.jsonl"
+        who = "the baseline " if base is results[0] else ""
+        return f"\n## Token efficiency: skipped, {who}{base['label']} has no log.jsonl" + note
     rows = []
-    for r in results:
+    for r in runs:
         e = r["token_efficiency"]
         reach = e["tokens_to_reach"]
         if r["curve"] is None:
@@ -191,7 +249,7 @@ def efficiency_table(results, target_loss):
               f"fewer tokens than {base['label']}"]
     return (f"\n## Token efficiency: training tokens to first reach {base['label']}'s final val "
             f"loss {target_loss:.4f} (log.jsonl, interpolated between evaluations)\n\n"
-            + table(header, rows))
+            + table(header, rows) + note)
 
 
 def lambada_table(results):
@@ -207,10 +265,20 @@ def lambada_table(results):
             + table(header, rows))
 
 
-def report(results, target_loss, data_dir):
+def scored_line(results, data_dir, dataset):
+    """The report's first line: the dataset every run was scored on, and the runs trained on
+    another."""
+    others = [f"{r['label']} on {r['dataset']!r}" for r in results if r["dataset"] != dataset]
+    trained = (f"runs trained on another dataset (same tokenizer): {', '.join(others)}" if others
+               else "every run was trained on it")
+    return (f"Scored on dataset {dataset!r} ({data_dir}: its val split, and its train split's "
+            f"counts for the frequency buckets); {trained}.\n")
+
+
+def report(results, target_loss, data_dir, dataset):
     """All tables as one markdown string."""
-    out = [loss_table(results, data_dir), bucket_table(results),
-           efficiency_table(results, target_loss)]
+    out = [scored_line(results, data_dir, dataset), loss_table(results, data_dir),
+           bucket_table(results), efficiency_table(results, target_loss, dataset)]
     if results[0]["lambada"] is not None:
         out.append(lambada_table(results))
     return "\n".join(out)
@@ -220,24 +288,25 @@ def report(results, target_loss, data_dir):
 # Figure and files
 
 
-def plot(results, target_loss, path):
-    """Two panels: val loss against training tokens (from log.jsonl) and per-bucket perplexity
-    bars."""
+def plot(results, target_loss, path, dataset):
+    """Two panels: val loss against training tokens (from log.jsonl, for the runs of the scored
+    dataset) and per-bucket perplexity bars."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
     fig, (curves, bars) = plt.subplots(1, 2, figsize=(13, 4.8))
-    for r in results:
+    runs = efficiency_runs(results, dataset)
+    for r in runs:
         if r["curve"]:
             tokens, loss = zip(*r["curve"], strict=True)
             curves.plot(tokens, loss, marker=".", label=r["label"])
     if target_loss is not None:
         curves.axhline(target_loss, color="gray", linestyle="--", linewidth=1,
-                       label=f"{results[0]['label']} final ({target_loss:.3f})")
+                       label=f"{runs[0]['label']} final ({target_loss:.3f})")
     curves.set(xlabel="training tokens", ylabel="val loss", title="validation loss during training")
-    if any(r["curve"] for r in results):
+    if any(r["curve"] for r in runs):
         curves.legend()
     else:
         curves.text(0.5, 0.5, "no log.jsonl", ha="center", transform=curves.transAxes)
@@ -265,10 +334,11 @@ def write_json(obj, path):
         json.dump(obj, f, indent=1)
 
 
-def write_outputs(results, target_loss, data_dir, want, task_sets, json_path, plot_path):
+def write_outputs(results, target_loss, data, task_sets, json_path, plot_path):
     """The tables on stdout; the JSON file (json_path) and the figures (plot_path) where asked
-    for."""
-    print(report(results, target_loss, data_dir))
+    for. data: (data_dir, dataset, tokenizer) of the scored dataset."""
+    data_dir, dataset, tokenizer = data
+    print(report(results, target_loss, data_dir, dataset))
     for r in results:
         if r["origin"]:
             print(f"\n{r['label']} was fine-tuned from {r['origin']['checkpoint']} (step "
@@ -277,13 +347,15 @@ def write_outputs(results, target_loss, data_dir, want, task_sets, json_path, pl
     if task_sets:
         print("\n" + tasks.report(task_sets, task_results))
     if json_path:
-        write_json({"data_dir": data_dir, "dataset": want[0], "tokenizer": want[1],
+        runs = efficiency_runs(results, dataset)
+        write_json({"data_dir": data_dir, "dataset": dataset, "tokenizer": tokenizer,
                     "buckets": [s["bucket"] for s in results[0]["buckets"]],
                     "baseline": results[0]["label"], "baseline_final_val_loss": target_loss,
+                    "token_efficiency_reference": runs[0]["label"] if runs else None,
                     "tasks": tasks.summary(task_sets), "arms": results}, json_path)
         print(f"\nwrote {json_path}")
     if plot_path:
-        plot(results, target_loss, plot_path)
+        plot(results, target_loss, plot_path, dataset)
         print(f"wrote {plot_path}")
         if task_sets:  # a figure of its own, beside the first: FILE_tasks.png
             task_plot = "{}_tasks{}".format(*os.path.splitext(plot_path))

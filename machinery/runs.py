@@ -278,7 +278,8 @@ def read_log(path, before_step):
                 record = json.loads(line) if line.strip() else None
                 if record is not None and record["step"] < before_step:
                     records.append(record)
-            except (ValueError, KeyError, TypeError):
+            # RecursionError: values nested too deeply for the parser; MemoryError: a huge line
+            except (ValueError, KeyError, TypeError, RecursionError, MemoryError):
                 raise SettingsError(f"{path}:{n} is not a log record; fix or delete that line, "
                                     f"then resume") from None
     return records

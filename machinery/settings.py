@@ -48,22 +48,7 @@ def set_setting(settings, key, value, where, table, choices):
 def read_config_file(path):
     """A config file's (key, value, where) triples. Only `key = literal` lines (and comments) are
     allowed: the file is parsed, never executed."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-    except OSError as e:
-        raise SettingsError(f"config file {path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise SettingsError(f"config file {path} is not UTF-8 text (byte {e.start}); save it as "
-                            f"UTF-8") from None
-    except (MemoryError, RecursionError):
-        raise SettingsError(f"config file {path} is nested too deeply to read; only `key = value` "
-                            f"lines are allowed") from None
-    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte
-        raise SettingsError(f"config file {path}, line {getattr(e, 'lineno', '?')}: "
-                            f"{getattr(e, 'msg', e)}; only `key = value` lines are "
-                            f"allowed") from None
-    for node in tree.body:
+    for node in parse_config_file(path).body:
         where = f"{path} line {node.lineno}"
         if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
                 and isinstance(node.value.value, str)):
@@ -71,12 +56,58 @@ def read_config_file(path):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)):
             raise SettingsError(f"{where}: only `key = value` lines are allowed in a config file")
+        key = node.targets[0].id
         try:
             value = ast.literal_eval(node.value)
-        except ValueError:
-            raise SettingsError(f"{where}: the value of {node.targets[0].id} must be a literal "
-                                f"(number, string, True or False)") from None
-        yield node.targets[0].id, value, where
+        except (ValueError, TypeError, RecursionError, MemoryError):  # TypeError: {[]: 1}
+            raise SettingsError(f"{where}: the value of {key} must be a literal (number, string, "
+                                f"True or False)") from None
+        if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+            raise SettingsError(f"{where}: the value of {key} holds a surrogate escape (\\ud800 "
+                                f"to \\udfff), which is no character; write the character itself")
+        yield key, value, where
+
+
+def parse_config_file(path):
+    """A config file's syntax tree; every failure is a SettingsError naming the file and line."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise SettingsError(f"config file {path}: {e.strerror}") from None
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise SettingsError(f"config file {path} is not UTF-8 text (byte {e.start}) on line "
+                            f"{line}; save it as UTF-8") from None
+    if "\0" in source:
+        line = source.count("\n", 0, source.index("\0")) + 1
+        raise SettingsError(f"config file {path}, line {line}: a NUL byte; only `key = value` "
+                            f"lines are allowed") from None
+    try:
+        return ast.parse(source, path)
+    except (MemoryError, RecursionError):
+        raise SettingsError(f"config file {path}, line {too_deep_line(source)} is nested too "
+                            f"deeply to read; only `key = value` lines are allowed") from None
+    except (SyntaxError, ValueError) as e:
+        what = str(getattr(e, "msg", e)).split(";")[0]  # not Python's advice to programmers
+        raise SettingsError(f"config file {path}, line {getattr(e, 'lineno', '?')}: {what}; only "
+                            f"`key = value` lines are allowed") from None
+
+
+def too_deep_line(source):
+    """The line of a source that the parser cannot read for its depth: the first one that fails so
+    on its own, else the longest."""
+    lines = source.splitlines() or [""]
+    for n, line in enumerate(lines, 1):
+        try:
+            ast.parse(line)
+        except (MemoryError, RecursionError):
+            return n
+        except (SyntaxError, ValueError):
+            pass
+    return max(range(len(lines)), key=lambda i: len(lines[i])) + 1
 
 
 def parse_args(argv, table, choices, program):
@@ -101,8 +132,8 @@ def parse_args(argv, table, choices, program):
         else:
             try:
                 value = ast.literal_eval(text)
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
-                value = text
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                value = text  # TypeError: {[]: 1}
         check_known(key, arg, table, program)
         set_setting(settings, key, value, arg, table, choices)
         explicit.add(key)

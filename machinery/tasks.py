@@ -43,7 +43,8 @@ from machinery import cli
 
 # --help prints TASK_FORMATS
 TASK_FORMATS = """\
-task formats (--task=NAME:PATH; one JSON object per line, blank lines ignored):
+task formats (--task=NAME:PATH; one JSON object per line, blank lines ignored; a multiple-choice
+row needs two choices or more, all different, and a label that is one of them):
   lambada     {"text": ...}; the target is the text after its last space (OpenAI's
               lambada_test.jsonl)
   hellaswag   {"activity_label", "ctx_a", "ctx_b" (or "ctx"), "endings": [4 str], "label"}; context
@@ -87,40 +88,115 @@ def parse_spec(spec):
     return name, path
 
 
+def parse_specs(specs):
+    """Every --task as (name, path). One file given twice under one name is refused: the two would
+    be the same figures under the same label."""
+    parsed, seen = [], {}
+    for spec in specs:
+        name, path = parse_spec(spec)
+        key = (name, os.path.realpath(path))
+        if key in seen:
+            raise TaskError(f"--task={spec} is the file of --task={seen[key]} again; give each "
+                            f"task file once")
+        seen[key] = spec
+        parsed.append((name, path))
+    return parsed
+
+
 # --------------------------------------------------------------------------------------------------
 # Reading: one JSON object per line, fields checked, one-line errors with the file and line
+
+# What a value nobody foresaw can raise while a line is read or used: a list nested deeper than the
+# parser's recursion limit, a line too long for memory, a number of thousands of digits, a type a
+# loader did not expect. Each is reported as a bad line, with the file and line, never a traceback.
+VALUE_FAILURES = (ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError,
+                  MemoryError)
+
+
+def failure(error):
+    """What went wrong, in words, for one of VALUE_FAILURES."""
+    if isinstance(error, RecursionError):
+        return "nested too deeply: more levels than Python's recursion limit"
+    if isinstance(error, MemoryError):
+        return "too large to be held in memory"
+    # the first clause of Python's message, without its advice ("use sys.set_int_max_str_digits()")
+    return f"{type(error).__name__}: {cut(str(error).split('; ')[0], 100)}"
+
+
+def cut(text, width=60):
+    """text, cut to at most width characters for a one-line message."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def shown(value):
+    """A value as a message quotes it: its repr, cut short; a list or object by its type only."""
+    if isinstance(value, (list, dict)):
+        return f"a {'list' if isinstance(value, list) else 'JSON object'}"
+    return cut(repr(value))
+
+
+def numbered_lines(path):
+    """Yield ("path:n", text) for each line of path, decoded from UTF-8 (a byte-order mark at the
+    start is no error); TaskError if the file is missing or unreadable or a line is not UTF-8."""
+    if not os.path.isfile(path):
+        raise TaskError(f"{path}: no such file")
+    n = 0
+    try:
+        # decoded line by line, so that bad bytes are reported with their line
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    text = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                except UnicodeDecodeError:
+                    raise TaskError(f"{path}:{n}: not UTF-8 text") from None
+                yield f"{path}:{n}", text
+    except OSError as e:
+        raise TaskError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except MemoryError:  # one line of gigabytes
+        raise TaskError(f"{path}:{n + 1}: a line too long to be held in memory") from None
+
+
+def parse_json(text, where):
+    """One line's text -> its JSON value; any failure of the parser is a TaskError at where."""
+    try:
+        return json.loads(text.rstrip("\r\n"))
+    except json.JSONDecodeError as e:
+        raise TaskError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except VALUE_FAILURES as e:  # deep nesting, a huge line or number
+        raise TaskError(f"{where}: not readable as JSON ({failure(e)})") from None
 
 
 def read_jsonl(path):
     """Yield (where, record) for each non-blank line of path; TaskError if the file is missing or
     empty or a line is not a JSON object."""
-    if not os.path.isfile(path):
-        raise TaskError(f"{path}: no such file")
-    try:
-        f = open(path, "rb")  # decoded line by line, so that bad bytes are reported with their line
-    except OSError as e:
-        raise TaskError(f"{path}: cannot be read ({e.strerror})") from None
     found = False
-    with f:
-        for n, raw in enumerate(f, 1):
-            where = f"{path}:{n}"
-            try:
-                # a byte-order mark is no error
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-            except UnicodeDecodeError:
-                raise TaskError(f"{where}: not UTF-8 text") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line.rstrip("\r\n"))
-            except json.JSONDecodeError as e:
-                raise TaskError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(record, dict):
-                raise TaskError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            found = True
-            yield where, record
+    for where, text in numbered_lines(path):
+        if not text.strip():
+            continue
+        record = parse_json(text, where)
+        if not isinstance(record, dict):
+            raise TaskError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        found = True
+        yield where, record
     if not found:
         raise TaskError(f"{path}: no examples (the file is empty)")
+
+
+def guarded(where, parse, *args):
+    """parse(*args), where parse builds one example from one line: a failure its checks did not
+    foresee is reported as a TaskError at where, like the ones they did."""
+    try:
+        return parse(*args)
+    except TaskError:
+        raise
+    except VALUE_FAILURES as e:
+        raise TaskError(f"{where}: cannot be used ({failure(e)})") from None
+
+
+def read_examples(path, parse):
+    """Yield parse(where, record), one Example per line of path (guarded)."""
+    for where, record in read_jsonl(path):
+        yield guarded(where, parse, where, record)
 
 
 def field(record, key, kind, where):
@@ -147,14 +223,32 @@ def label_index(value, n_choices, where, key="label", first=0):
     range-checked. first=1 for 1-based labels (WinoGrande's answer)."""
     if value is None:
         raise TaskError(f"{where}: missing field {key!r}")
-    if isinstance(value, str) and value.strip().isdigit():
+    # decimal digits only (int() refuses "²"), and not thousands of them (int() refuses those too)
+    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) < 20:
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TaskError(f"{where}: {key} must be an integer, not {value!r}")
+        raise TaskError(f"{where}: {key} must be an integer, not {shown(value)}")
     if not first <= value < n_choices + first:
-        raise TaskError(f"{where}: {key} {value} is out of range for {n_choices} choices "
+        raise TaskError(f"{where}: {key} {shown(value)} is out of range for {n_choices} choices "
                         f"({first}..{n_choices + first - 1})")
     return value - first
+
+
+def check_choices(texts, where, key, names=None):
+    """A multiple-choice row needs two choices or more, all different (as scored, whitespace at
+    either end aside): with one, every model scores acc 1; of two alike, the first always wins.
+    key: the field that holds them; names: how the format calls each (default key[i])."""
+    if len(texts) < 2:
+        raise TaskError(f"{where}: field {key!r} has {len(texts)} choice; a multiple-choice row "
+                        f"needs two or more (with one, every model scores acc 1)")
+    names = names or [f"{key}[{i}]" for i in range(len(texts))]
+    first = {}
+    for i, text in enumerate(texts):
+        j = first.setdefault(text.strip(), i)
+        if j != i:
+            raise TaskError(f"{where}: {names[j]} and {names[i]} are the same choice "
+                            f"{shown(text.strip())}; the choices of a row must differ (of two "
+                            f"alike, the first always wins)")
 
 
 def multiple_choice(context, choices, label, where):
@@ -167,14 +261,17 @@ def multiple_choice(context, choices, label, where):
 # 1. LAMBADA (OpenAI's lambada_test.jsonl)
 
 
-def load_lambada(path):
+def lambada_example(where, record):
     """{"text"} -> context = the text before its last space, continuation = " " + the last word (the
     harness's text.split(' ')[:-1] joined, and ' ' + text.split(' ')[-1])."""
-    for where, record in read_jsonl(path):
-        context, space, word = field(record, "text", str, where).rpartition(" ")
-        if not space or not context or not word:
-            raise TaskError(f"{where}: the text needs a context, a space and a last word after it")
-        yield Example([(context, " " + word)], 0, None, where)
+    context, space, word = field(record, "text", str, where).rpartition(" ")
+    if not space or not context or not word:
+        raise TaskError(f"{where}: the text needs a context, a space and a last word after it")
+    return Example([(context, " " + word)], 0, None, where)
+
+
+def load_lambada(path):
+    return read_examples(path, lambada_example)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,18 +285,22 @@ def hellaswag_clean(text):
     return text.replace("  ", " ")
 
 
+def hellaswag_example(where, record):
+    if "ctx_a" in record or "ctx" not in record:
+        ctx_b = field(record, "ctx_b", str, where).capitalize()
+        ctx = field(record, "ctx_a", str, where) + " " + ctx_b
+    else:
+        ctx = field(record, "ctx", str, where)  # copies that keep only the joined context
+    if "activity_label" in record:
+        ctx = field(record, "activity_label", str, where) + ": " + ctx
+    endings = [hellaswag_clean(e) for e in strings(record, "endings", where)]
+    check_choices(endings, where, "endings")  # as cleaned: what is scored
+    label = label_index(record.get("label"), len(endings), where)
+    return multiple_choice(hellaswag_clean(ctx), endings, label, where)
+
+
 def load_hellaswag(path):
-    for where, record in read_jsonl(path):
-        if "ctx_a" in record or "ctx" not in record:
-            ctx_b = field(record, "ctx_b", str, where).capitalize()
-            ctx = field(record, "ctx_a", str, where) + " " + ctx_b
-        else:
-            ctx = field(record, "ctx", str, where)  # copies that keep only the joined context
-        if "activity_label" in record:
-            ctx = field(record, "activity_label", str, where) + ": " + ctx
-        endings = [hellaswag_clean(e) for e in strings(record, "endings", where)]
-        label = label_index(record.get("label"), len(endings), where)
-        yield multiple_choice(hellaswag_clean(ctx), endings, label, where)
+    return read_examples(path, hellaswag_example)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,8 +317,14 @@ def piqa_labels(path):
     lst = piqa_labels_path(path)
     if not os.path.isfile(lst):
         return None
-    with open(lst, encoding="utf-8") as f:
-        return [(f"{lst}:{n}", line.strip()) for n, line in enumerate(f, 1) if line.strip()]
+    return [(where, text.strip()) for where, text in numbered_lines(lst) if text.strip()]
+
+
+def piqa_example(where, record, label, label_where):
+    sols = [field(record, "sol1", str, where), field(record, "sol2", str, where)]
+    check_choices(sols, where, "sol1", names=["sol1", "sol2"])
+    context = f"Question: {field(record, 'goal', str, where)}\nAnswer:"
+    return multiple_choice(context, sols, label_index(label, 2, label_where), where)
 
 
 def load_piqa(path):
@@ -233,9 +340,7 @@ def load_piqa(path):
             raise TaskError(f"{where}: the labels file has only {len(labels)} labels")
         else:
             (label_where, label), used = labels[i], i + 1
-        sols = [field(record, "sol1", str, where), field(record, "sol2", str, where)]
-        context = f"Question: {field(record, 'goal', str, where)}\nAnswer:"
-        yield multiple_choice(context, sols, label_index(label, 2, label_where), where)
+        yield guarded(where, piqa_example, where, record, label, label_where)
     if used and len(labels) > used:
         raise TaskError(f"{labels[used][0]}: {len(labels)} labels for {used} examples in {path}")
 
@@ -244,54 +349,69 @@ def load_piqa(path):
 # 4. ARC-Easy / ARC-Challenge (AI2's ARC-V1-Feb2018: ARC-{Easy,Challenge}-{Train,Dev,Test}.jsonl)
 
 
+def arc_example(where, record):
+    question = field(record, "question", dict, where)
+    choices = field(question, "choices", list, where)
+    if not choices or not all(isinstance(c, dict) for c in choices):
+        raise TaskError(f"{where}: question.choices must be a non-empty list of "
+                        f"{{\"text\", \"label\"}}")
+    texts = [field(c, "text", str, where) for c in choices]
+    keys = [str(field(c, "label", (str, int), where)) for c in choices]  # "A".."E", or "1".."5"
+    twice = [k for i, k in enumerate(keys) if k in keys[:i]]
+    if twice:  # the answer key would not say which
+        raise TaskError(f"{where}: the choice label {shown(twice[0])} is given twice in "
+                        f"question.choices")
+    check_choices(texts, where, "question.choices", names=[f"choice {k}" for k in keys])
+    answer = str(field(record, "answerKey", (str, int), where))
+    if answer not in keys:
+        raise TaskError(f"{where}: answerKey {shown(answer)} is not one of the choice labels "
+                        f"{cut(', '.join(keys))}")
+    context = f"Question: {field(question, 'stem', str, where)}\nAnswer:"
+    return multiple_choice(context, texts, keys.index(answer), where)
+
+
 def load_arc(path):
-    for where, record in read_jsonl(path):
-        question = field(record, "question", dict, where)
-        choices = field(question, "choices", list, where)
-        if not choices or not all(isinstance(c, dict) for c in choices):
-            raise TaskError(f"{where}: question.choices must be a non-empty list of "
-                            f"{{\"text\", \"label\"}}")
-        texts = [field(c, "text", str, where) for c in choices]
-        keys = [str(field(c, "label", (str, int), where)) for c in choices]  # "A".."E", or "1".."5"
-        answer = str(field(record, "answerKey", (str, int), where))
-        if answer not in keys:
-            raise TaskError(f"{where}: answerKey {answer!r} is not one of the choice labels "
-                            f"{', '.join(keys)}")
-        context = f"Question: {field(question, 'stem', str, where)}\nAnswer:"
-        yield multiple_choice(context, texts, keys.index(answer), where)
+    return read_examples(path, arc_example)
 
 
 # --------------------------------------------------------------------------------------------------
 # 5. WinoGrande (AI2's winogrande_1.1: train_{xs..xl}.jsonl, dev.jsonl)
 
 
-def load_winogrande(path):
+def winogrande_example(where, record):
     """Partial evaluation: two contexts (the sentence up to "_", each option in its place), one
     continuation (the rest after "_"), so that both options are scored on the same tokens."""
-    for where, record in read_jsonl(path):
-        sentence = field(record, "sentence", str, where)
-        blank = sentence.find("_")
-        if blank < 0:
-            raise TaskError(f"{where}: the sentence has no '_' to fill")
-        rest = " " + sentence[blank + 1:].strip()
-        options = [field(record, "option1", str, where), field(record, "option2", str, where)]
-        answer = label_index(record.get("answer"), 2, where, key="answer", first=1)
-        yield Example([(sentence[:blank] + o, rest) for o in options], answer, None, where)
+    sentence = field(record, "sentence", str, where)
+    blank = sentence.find("_")
+    if blank < 0:
+        raise TaskError(f"{where}: the sentence has no '_' to fill")
+    rest = " " + sentence[blank + 1:].strip()
+    options = [field(record, "option1", str, where), field(record, "option2", str, where)]
+    check_choices(options, where, "option1", names=["option1", "option2"])
+    answer = label_index(record.get("answer"), 2, where, key="answer", first=1)
+    return Example([(sentence[:blank] + o, rest) for o in options], answer, None, where)
+
+
+def load_winogrande(path):
+    return read_examples(path, winogrande_example)
 
 
 # --------------------------------------------------------------------------------------------------
 # 6. mc: a generic multiple-choice / cloze task, for your own data
 
 
+def mc_example(where, record):
+    choices = strings(record, "choices", where)
+    check_choices(choices, where, "choices")
+    label = label_index(record.get("label"), len(choices), where)
+    context = field(record, "context", str, where)
+    # the choice as written; acc_norm does not count leading whitespace, wherever the space was put
+    lengths = [len(c.lstrip()) for c in choices]
+    return Example([(context, c) for c in choices], label, lengths, where)
+
+
 def load_mc(path):
-    for where, record in read_jsonl(path):
-        choices = strings(record, "choices", where)
-        label = label_index(record.get("label"), len(choices), where)
-        context = field(record, "context", str, where)
-        # the choice as written; acc_norm does not count leading whitespace, wherever the space
-        # was put
-        lengths = [len(c.lstrip()) for c in choices]
-        yield Example([(context, c) for c in choices], label, lengths, where)
+    return read_examples(path, mc_example)
 
 
 LOADERS = {"lambada": load_lambada, "hellaswag": load_hellaswag, "piqa": load_piqa, "arc": load_arc,
@@ -358,14 +478,33 @@ def load_task(name, path, tokenizer, max_examples, block_size):
             "used": len(picked), "skipped": len(skips), "first_skip": skips[0] if skips else None}
 
 
+def task_labels(specs):
+    """[(name, path)] -> a label each: the name, plus where a name repeats the shortest end of the
+    path that tells its files apart (two ARC files: 'arc (ARC-Easy-Test.jsonl)'; two test.jsonl:
+    'arc (easy/test.jsonl)' and 'arc (challenge/test.jsonl)'), else the whole path."""
+    parts = {path: os.path.normpath(path).split(os.sep) for _, path in specs}
+    labels = []
+    for name, path in specs:
+        same_name = [p for n, p in specs if n == name]
+        if len(same_name) == 1:
+            labels.append(name)
+            continue
+        others = [p for p in same_name if p != path]
+        for k in range(1, len(parts[path]) + 1):
+            end = os.sep.join(parts[path][-k:])
+            if all(os.sep.join(parts[p][-k:]) != end for p in others):
+                break
+        else:  # every end of the path is the end of another path too: the whole of it
+            end = os.path.normpath(path)
+        labels.append(f"{name} ({end})")
+    return labels
+
+
 def load_tasks(specs, tokenizer, max_examples, block_size):
-    """[(name, path)] -> one task dict each, labelled by name, plus the file name where a name
-    repeats (two ARC files: 'arc (ARC-Easy-Test.jsonl)')."""
+    """[(name, path)] -> one task dict each, labelled by task_labels."""
     tasks = [load_task(name, path, tokenizer, max_examples, block_size) for name, path in specs]
-    names = [t["name"] for t in tasks]
-    for t in tasks:
-        repeated = names.count(t["name"]) > 1
-        t["label"] = f"{t['name']} ({os.path.basename(t['path'])})" if repeated else t["name"]
+    for t, label in zip(tasks, task_labels(specs), strict=True):
+        t["label"] = label
     return tasks
 
 

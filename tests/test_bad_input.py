@@ -14,7 +14,7 @@ import bench
 import eval as ev
 import sample
 import train
-from machinery import cli
+from machinery import cli, evaluation
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -372,3 +372,45 @@ def test_more_damage_found_by_probing(tmp_path, char_data, run_cli, trained):
     assert code == 0, err
     code, out, err = run_cli(bench.main, [*TOY, "--block_size=10000000", "--n_embd=16"])
     assert code == 2 and "is longer than the" in err and "Traceback" not in err, err
+
+
+def test_log_and_config_files_no_parser_reads_are_one_line_with_their_line(tmp_path, char_data,
+                                                                          run_cli, trained):
+    """Issue 22: a line of 100,000 nested lists in log.jsonl ended a resume in a RecursionError
+    traceback, as did eval.py's token efficiency; a config file's value that literal_eval cannot
+    build ({[]: 1}) was a TypeError traceback, and some config failures named no line. Each is one
+    line naming the file and the line."""
+    deep = "[" * 100_000 + "]" * 100_000
+    log = trained / "log.jsonl"
+    records = log.read_text().splitlines()
+    log.write_text("\n".join([records[0], '{"step": 1, "x": ' + deep + "}", *records[1:]]) + "\n")
+    code, _, err = train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=3")
+    assert_one_line(code, err, "log.jsonl:2 is not a log record; fix or delete that line, then "
+                    "resume", "train.py")
+    with pytest.raises(ValueError, match=r"log\.jsonl:2 is not a log record with 'tokens' and "
+                       r"'val_loss' \(maximum recursion depth exceeded.*\); fix or delete"):
+        evaluation.read_curve(str(trained))
+    log.write_text('{"tokens": 1' + "0" * 400 + ', "val_loss": 1.0}\n')
+    with pytest.raises(ValueError, match=r"log\.jsonl:1 is not a log record .*int too large"):
+        evaluation.read_curve(str(trained))
+    log.write_bytes(b'{"tokens": 10, "val_loss": 1.5, "note": "caf\xe9"}\n')
+    assert evaluation.read_curve(str(trained)) == [(10.0, 1.5)]  # read as read_log reads it
+    configs = {
+        "lists.py": (f"n_layer = 2\nn_head = {deep}\n", "lists.py, line 2: too many nested"),
+        "minus.py": ("n_layer = 2\nn_head = (\n" + "-" * 100_000 + "1)\n",
+                     "minus.py, line 3 is nested too deeply to read"),
+        "unhashable.py": ("n_layer = {[]: 1}\n",
+                          "unhashable.py line 1: the value of n_layer must be a literal"),
+        "surrogate.py": ('dataset = "tiny\\ud800"\n',
+                         "surrogate.py line 1: the value of dataset holds a surrogate escape"),
+        "nul.py": ("n_layer = 2\n\0\n", "nul.py, line 2: a NUL byte"),
+        "latin1.py": ("n_layer = 2\n# caf\xe9\n",
+                      "latin1.py is not UTF-8 text (byte 17) on line 2"),
+    }
+    for name, (content, message) in configs.items():
+        encoding = "latin-1" if name == "latin1.py" else "utf-8"
+        (tmp_path / name).write_text(content, encoding=encoding)
+        code, _, err = train_cli(run_cli, char_data, tmp_path / "new", tmp_path / name)
+        assert_one_line(code, err, message, "train.py")
+    code, _, err = train_cli(run_cli, char_data, tmp_path / "new", "--n_layer={[]: 1}")
+    assert_one_line(code, err, "n_layer='{[]: 1}' must be an integer", "train.py")

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import string
 import subprocess
 import sys
 from dataclasses import asdict
@@ -42,11 +43,16 @@ def synthetic_play(seed, n_paragraphs):
     return "\n".join(speeches)
 
 
-def make_data(path, dataset="tiny"):
-    """A char-level data dir; 'Q' occurs only in val, so the 'unseen' bucket is not empty."""
-    train = synthetic_play(0, 80)
-    val = synthetic_play(1, 12) + "\nNURSE:\nQuiet now, my lord.\n"
-    chars = "".join(sorted(set(train + val)))
+# every character synthetic_play writes: datasets of other texts with the same char tokenizer
+ALPHABET = "".join(sorted(set(string.ascii_letters + " .!?:\n,")))
+
+
+def make_data(path, dataset="tiny", seed=0, chars=None):
+    """A char-level data dir; 'Q' occurs only in val, so the 'unseen' bucket is not empty. chars:
+    the vocabulary (default: the text's characters)."""
+    train = synthetic_play(seed, 80)
+    val = synthetic_play(seed + 1, 12) + "\nNURSE:\nQuiet now, my lord.\n"
+    chars = chars or "".join(sorted(set(train + val)))
     tok = CharTokenizer(chars)
     os.makedirs(path, exist_ok=True)
     np.array(tok.encode(train), dtype=np.uint16).tofile(os.path.join(path, "train.bin"))
@@ -58,18 +64,19 @@ def make_data(path, dataset="tiny"):
     return meta
 
 
-def make_run(path, meta, embedding, seed=0, log=None):
+def make_run(path, meta, embedding, seed=0, log=None, origin=None):
     """A tiny untrained checkpoint in the train.py format, and optionally a log.jsonl of log, a list
-    of (tokens, val_loss)."""
+    of (tokens, val_loss); origin: the run it was fine-tuned from, as train.py records it."""
     torch.manual_seed(seed)
     config = Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=1, n_head=2, n_embd=32,
                     embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)
     model = GPT(config)
     os.makedirs(path, exist_ok=True)
-    torch.save({"version": CHECKPOINT_VERSION, "model": model.state_dict(),
-                "model_config": asdict(config), "train_config": {"batch_size": 4, "seed": seed},
-                "meta": meta, "step": 10, "tokens_seen": 640, "best_val_loss": 4.0, "optimizer": {},
-                "rng": {}}, os.path.join(path, "ckpt.pt"))
+    ckpt = {"version": CHECKPOINT_VERSION, "model": model.state_dict(),
+            "model_config": asdict(config), "train_config": {"batch_size": 4, "seed": seed},
+            "meta": meta, "step": 10, "tokens_seen": 640, "best_val_loss": 4.0, "optimizer": {},
+            "rng": {}}
+    torch.save({**ckpt, "origin": origin} if origin else ckpt, os.path.join(path, "ckpt.pt"))
     if log is not None:
         with open(os.path.join(path, "log.jsonl"), "w") as f:
             for step, (tokens, val_loss) in enumerate(log):
@@ -328,10 +335,11 @@ def test_refuses_mismatched_inputs(tmp_path, run_cli, monkeypatch):
     make_run(tmp_path / "c", {**meta, "tokenizer": "gpt2", "chars": None}, "lev")
     monkeypatch.chdir(tmp_path)
     cases = [
-        (["a", "b"], "compare checkpoints of one dataset and tokenizer only"),  # different dataset
-        (["a", "c"], "tokenizer gpt2"),  # same dataset and vocabulary size, different tokenizer
+        # same dataset and vocabulary size, different tokenizer
+        (["a", "c"], f"a uses tokenizer char (vocab {meta['vocab_size']}) but c uses tokenizer "
+                     f"gpt2 (vocab {meta['vocab_size']}); perplexities per token"),
         (["a", "missing"], "no checkpoint at missing"),
-        (["a", "--data_dir=wrong"], "wrong/tiny holds dataset 'other'"),
+        (["a", "--data_dir=wrong"], "wrong/tiny holds dataset 'other', not 'tiny'"),
         (["a", "--data_dir=nowhere"], "no prepared dataset in nowhere/tiny"),
         (["a", "--batch_size=0"], "--batch_size=0 must be at least 1"),
     ]
@@ -341,6 +349,114 @@ def test_refuses_mismatched_inputs(tmp_path, run_cli, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if matplotlib were not installed
     code, _, err = run_cli(ev.main, ["a", "--plot=x.png"])
     assert code == 2 and "--plot needs matplotlib" in err
+    # another dataset of the same tokenizer: compared (test_runs_of_two_datasets_...)
+    code, out, err = run_cli(ev.main, ["a", "b", "--lambada_max=0"])
+    assert code == 0 and out.startswith("Scored on dataset 'tiny' (data/tiny: "), err
+
+
+@pytest.fixture
+def two_datasets(tmp_path, monkeypatch):
+    """data/src and data/dst: other texts, one char tokenizer; src-tied and src-lev trained on src,
+    ft (lev) fine-tuned from src-lev onto dst, each with a log -> {name: model}, in tmp_path."""
+    src = make_data(tmp_path / "data" / "src", "src", seed=0, chars=ALPHABET)
+    dst = make_data(tmp_path / "data" / "dst", "dst", seed=7, chars=ALPHABET)
+    monkeypatch.chdir(tmp_path)
+    origin = {"checkpoint": "src-lev/ckpt.pt", "step": 10, "dataset": "src", "embedding": "lev"}
+    return {"src-tied": make_run("src-tied", src, "tied", 0, [(0, 4.0), (1000, 3.0), (3000, 2.0)]),
+            "src-lev": make_run("src-lev", src, "lev", 1, [(0, 4.0), (1000, 2.5), (2000, 1.5)]),
+            "ft": make_run("ft", dst, "lev", 2, [(2000, 3.0), (2500, 1.0)], origin)}
+
+
+def scored_figures(model, data_dir):
+    """model's val loss on data_dir's val split, and its bucket sizes by data_dir's train split."""
+    losses, targets = ev.evaluate_tokens(model, val_tokens(data_dir), batch_size=4, device="cpu")
+    stats = ev.bucket_stats(losses, targets, counts_of(data_dir, len(ALPHABET)))
+    return float(losses.mean()), [b["tokens"] for b in stats]
+
+
+def test_runs_of_two_datasets_are_scored_on_one(two_datasets, run_cli):
+    """A model and its fine-tuned version share a tokenizer: both are scored on one val split (the
+    first run's dataset, or --dataset), and token efficiency compares the runs of that dataset only:
+    each log.jsonl is of its own run's val split."""
+    code, out, err = run_cli(ev.main, ["src-tied", "ft", "src-lev", "--device=cpu",
+                                       "--lambada_max=4", "--json=src.json"])
+    assert code == 0, err
+    assert out.splitlines()[0] == (
+        "Scored on dataset 'src' (data/src: its val split, and its train split's counts for the "
+        "frequency buckets); runs trained on another dataset (same tokenizer): lev (ft) on 'dst'.")
+    assert "| lev (src-lev) | 1.5000 | 1,500 | 2.00x |" in out  # 3000 / 1500 tokens, against tied
+    assert "- left out: lev (ft) (on 'dst'): trained on another dataset" in out
+    assert "| lev (ft) | 1.0000 |" not in out
+    assert "lev (ft) was fine-tuned from src-lev/ckpt.pt (step 10, dataset src)" in out
+    result = json.loads(Path("src.json").read_text())
+    assert (result["dataset"], result["data_dir"], result["tokenizer"]) == ("src", "data/src",
+                                                                            "char")
+    assert result["token_efficiency_reference"] == "tied"
+    assert [a["dataset"] for a in result["arms"]] == ["src", "dst", "src"]
+    assert set(result["arms"][1]["token_efficiency"].values()) == {None}
+    for arm, name in zip(result["arms"], ["src-tied", "ft", "src-lev"], strict=True):
+        val_loss, sizes = scored_figures(two_datasets[name], "data/src")
+        assert arm["val_loss"] == pytest.approx(val_loss, abs=1e-5)
+        assert [b["tokens"] for b in arm["buckets"]] == sizes  # src's training counts
+
+    # --dataset=dst: everything on dst; token efficiency among its runs (ft, the reference)
+    code, out, err = run_cli(ev.main, ["src-tied", "ft", "src-lev", "--dataset=dst",
+                                       "--lambada_max=0", "--json=dst.json"])
+    assert code == 0, err
+    assert out.startswith("Scored on dataset 'dst' (data/dst: ") and "## Validation loss: " \
+        "whole split of data/dst" in out
+    assert "training tokens to first reach lev (ft)'s final val loss 1.0000" in out
+    assert "- left out: tied (on 'src'), lev (src-lev) (on 'src'): trained on another" in out
+    result = json.loads(Path("dst.json").read_text())
+    assert result["dataset"] == "dst" and result["token_efficiency_reference"] == "lev (ft)"
+    assert result["arms"][1]["token_efficiency"]["tokens_to_reach"] == 2500
+    for arm, name in zip(result["arms"], ["src-tied", "ft", "src-lev"], strict=True):
+        val_loss, sizes = scored_figures(two_datasets[name], "data/dst")
+        assert arm["val_loss"] == pytest.approx(val_loss, abs=1e-5)
+        assert [b["tokens"] for b in arm["buckets"]] == sizes  # dst's training counts
+    # runs of one dataset say so; no run of the scored dataset: token efficiency is skipped
+    code, out, err = run_cli(ev.main, ["src-tied", "src-lev", "--lambada_max=0"])
+    assert code == 0 and out.splitlines()[0].endswith("); every run was trained on it."), err
+    code, out, err = run_cli(ev.main, ["src-tied", "--dataset=dst", "--lambada_max=0"])
+    assert code == 0 and "## Token efficiency: skipped, no run was trained on 'dst'" in out, err
+
+
+def test_token_efficiency_among_the_runs_of_the_scored_dataset():
+    curves = [[(0, 4.0), (100, 2.0)], [(0, 3.0), (50, 1.0)], [(0, 4.0), (50, 2.0)], None]
+    target, rows = ev.token_efficiency_among(curves, [False, True, True, True])
+    assert target == 1.0  # the first run of the scored dataset is the reference
+    unknown = {"final_val_loss": None, "tokens_to_reach": None, "fewer_tokens": None}
+    assert rows[0] == unknown and rows[3] == unknown  # another dataset; no log
+    assert rows[1] == {"final_val_loss": 1.0, "tokens_to_reach": 50, "fewer_tokens": 1.0}
+    assert rows[2]["tokens_to_reach"] is None
+    assert ev.token_efficiency_among(curves, [False] * 4) == (None, [unknown] * 4)
+    assert ev.token_efficiency_among([None, curves[0]], [True, True]) == (None, [unknown] * 2)
+
+
+def test_runs_of_other_tokenizers_are_refused_with_the_rule(two_datasets, run_cli, tmp_path):
+    """Perplexity and buckets are per token: comparable under one tokenizer only. The one-line
+    error says the rule, and how to compare such runs on tasks."""
+    src = json.loads(Path("data/src/meta.json").read_text())
+    make_run("bpe", {**src, "tokenizer": "gpt2", "chars": None}, "lev")
+    make_run("shuffled", {**src, "chars": ALPHABET[::-1]}, "lev")  # same size, other ids
+    make_data(tmp_path / "data" / "other", "other", chars=ALPHABET.replace("Z", "~"))
+    v = len(ALPHABET)
+    cases = [
+        (["src-lev", "bpe"], f"src-lev uses tokenizer char (vocab {v}) but bpe uses tokenizer gpt2 "
+         f"(vocab {v}); {evaluation.TOKENIZER_RULE}"),
+        (["src-lev", "shuffled"], f"src-lev and shuffled both use tokenizer char (vocab {v}), but "
+         f"not the same characters for the same ids; perplexities per token"),
+        (["ft", "--dataset=other"], f"data/other holds dataset 'other' of tokenizer char (vocab "
+         f"{v}), but other characters than the runs'; score them on a dataset of their tokenizer"),
+        (["ft", "--dataset=../src"], "--dataset=../src must be a folder name under --data_dir"),
+        (["ft", "--dataset=nowhere"], "no prepared dataset in data/nowhere"),
+    ]
+    for argv, message in cases:
+        code, out, err = run_cli(ev.main, [*argv, "--lambada_max=0"])
+        assert code == 2 and err.count("\n") == 1 and not out, (argv, err)
+        assert err == f"eval.py: error: {message}\n" or message in err, (argv, err)
+    assert "zero-shot task accuracy is, but evaluate each run on its own (python eval.py RUN " \
+        "--task=...)" in evaluation.TOKENIZER_RULE
 
 
 def test_command_line(tmp_path, run_cli):

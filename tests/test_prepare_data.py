@@ -1,11 +1,14 @@
 """prepare_data.py and its machinery (corpus, corpus_readers, corpus_bench, dataset): the format
 it writes, the reading helpers, and its command line (all hermetic)."""
 
+import glob
 import gzip
 import hashlib
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,6 +20,12 @@ from conftest import ROOT, make_text
 
 import prepare_data
 from machinery import corpus, corpus_bench, corpus_readers, dataset
+
+
+def is_one_line_error(err):
+    """The one-line error every script promises (README), no traceback."""
+    return (err.startswith("prepare_data.py: error: ") and err.count("\n") == 1
+            and "Traceback" not in err)
 
 
 def read_both_splits(data_dir):
@@ -144,7 +153,7 @@ def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, run_cli, mo
     for argv, message in cases:
         code, _, err = run_cli(prepare_data.main, argv)
         assert code == 2, argv
-        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (argv, err)
+        assert is_one_line_error(err) and message in err, (argv, err)
     assert not (tmp_path / "mine").exists()
 
 
@@ -449,7 +458,7 @@ def test_bad_corpus_inputs_give_one_line_errors_naming_file_and_line(tmp_path, e
         argv = ["d", f"--input={spec}", "--tokenizer=tiny_eot", "--workers=1",
                 f"--data_dir={tmp_path / 'data'}"]
         code, _, err = run_cli(prepare_data.main, argv)
-        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (spec, err)
+        assert code == 2 and is_one_line_error(err), (spec, err)
         assert re.search(message, err), (message, err)
     assert not (tmp_path / "data" / "d").exists() and os.listdir(tmp_path / "data") == []
 
@@ -474,7 +483,7 @@ def test_unusable_inputs_and_tokenizers_are_refused(tmp_path, tiny_encoding, use
     ]
     for argv, message in cases:
         code, _, err = run_cli(prepare_data.main, argv + [data])
-        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (argv, err)
+        assert code == 2 and is_one_line_error(err), (argv, err)
         assert re.search(message, err), (message, err)
     assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []
 
@@ -535,3 +544,207 @@ def test_bench_prints_its_table(eot_encoding, capsys):
     assert rows[4].startswith("| prepare_data.py, 1 workers | 2 |")
     # the main process's peak memory; no workers with 1
     assert re.search(r"\| \d+ / - \|$", rows[3])
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input at the edges (issue 22): links and loops, special files, deep or huge JSON, surrogates
+
+DEEP = 100_000  # levels of nested lists: far past Python's recursion limit
+
+
+@pytest.fixture
+def fails_after_a_minute():
+    """A test that could hang where the code is wrong (a walk into 2**40 paths, a FIFO opened to
+    read) fails instead."""
+    def fail(*_):
+        pytest.fail("still running after 60 s: a walk that does not end, or a read that waits")
+
+    previous = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def deeply_nested(levels=DEEP):
+    return "[" * levels + "]" * levels
+
+
+@pytest.fixture
+def linked_corpus(tmp_path):
+    """A corpus folder with a loop (again -> .), two more links to ".", which a plain walk follows
+    2**40 paths deep, a second link to a subfolder, a link to one of its files and a link out of
+    it -> (folder, the documents of its real files in sorted order of their paths)."""
+    docs = documents_of(30)
+    folder, outside = tmp_path / "corpus", tmp_path / "outside"
+    (folder / "sub").mkdir(parents=True)
+    outside.mkdir()
+    for i, doc in enumerate(docs[:20]):
+        (folder / f"{i:02d}.txt").write_text(doc)
+    write_jsonl(folder / "sub" / "d.jsonl", docs[20:29])
+    (outside / "o.txt").write_text(docs[29])
+    for name, target in [("again", "."), ("loop1", "."), ("loop2", "."), ("also_sub", "sub"),
+                         ("00_link.txt", "05.txt"), ("sub/out", str(outside)),
+                         ("sub/up", "..")]:
+        os.symlink(target, folder / name)
+    return folder, docs
+
+
+@pytest.mark.usefixtures("fails_after_a_minute")
+def test_links_are_followed_but_each_file_is_read_once(tmp_path, linked_corpus, eot_encoding,
+                                                       use_encoding, run_cli):
+    """Issue 22: `again -> .` gave every file 41 times (and two such links never end). Each real
+    file is read once, under its own path (not a link's), the other paths are one note on stderr,
+    and meta.json lists what was read."""
+    folder, docs = linked_corpus
+    use_encoding(eot_encoding)
+    for spec in [folder, f"{folder}/**/*.*", f"{folder}/**"]:
+        out = tmp_path / "data"
+        code, _, err = run_cli(prepare_data.main, ["linked", f"--input={spec}", "--workers=1",
+                                                   "--tokenizer=tiny_eot", f"--data_dir={out}"])
+        assert code == 0, err
+        assert err.startswith("prepare_data.py: note: skipped 6 paths that reach directories or "
+                              "files already read (links or loops), so that each file is read "
+                              f"once: {folder}/00_link.txt, {folder}/again, {folder}/also_sub "
+                              "and 3 more\n") and err.count("\n") == 1, err
+        meta = dataset.load_meta(str(out / "linked"))
+        names = [os.path.relpath(r["name"], folder) for r in meta["inputs"]]
+        assert names == [f"{i:02d}.txt" for i in range(20)] + ["sub/d.jsonl", "sub/out/o.txt"]
+        train, val = read_both_splits(str(out / "linked"))
+        expected = expected_splits(docs, eot_encoding)
+        assert (train.tolist(), val.tolist()) == (expected["train"], expected["val"])
+
+
+def test_the_walk_and_the_glob_find_what_glob_finds_without_links(tmp_path, monkeypatch):
+    """walk_dirs replaces glob's "**" only to enter each directory once: on a tree without links
+    the files are glob.glob's, hidden names left out as glob leaves them out."""
+    for path in ["a.txt", "b.jsonl", "s/c.txt", "s/t/d.txt", "s/.h/e.txt", ".f.txt", "s/t/g.md"]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    monkeypatch.chdir(tmp_path)
+    for pattern in ["**", "**/*.txt", "s/**", "s/**/*.txt", "*/**/d.txt", "**/t/*", "s/**/",
+                    f"{tmp_path}/**/*.txt", "*.txt", "s/*/*"]:
+        found, skipped = corpus_readers.glob_files(pattern)
+        expected = [p for p in glob.glob(pattern, recursive=True) if not os.path.isdir(p)]
+        assert (sorted(found), skipped) == (sorted(expected), []), pattern
+    paths, skipped = corpus_readers.list_inputs(str(tmp_path))
+    assert [os.path.relpath(p, tmp_path) for p in paths] == ["a.txt", "b.jsonl", "s/c.txt",
+                                                             "s/t/d.txt"] and skipped == []
+
+
+@pytest.mark.usefixtures("fails_after_a_minute")
+def test_special_files_are_refused_never_read(tmp_path, eot_encoding, use_encoding, run_cli):
+    """A FIFO, a socket or a device in a corpus (a folder, a glob, or the --input itself) is refused
+    with one line naming it, before anything is read: opening a FIFO to read waits for a writer,
+    maybe forever. open_input, which reads a file listed before, refuses one too, at once. So is a
+    loop of links to files."""
+    use_encoding(eot_encoding)
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", documents_of(20))
+    os.mkfifo(folder / "pipe.jsonl")
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sockets / "s.txt"))
+    links = tmp_path / "links"  # a loop of links: a.txt -> b.txt -> a.txt
+    links.mkdir()
+    os.symlink("b.txt", links / "a.txt")
+    os.symlink("a.txt", links / "b.txt")
+    fifo_says = "a FIFO (named pipe), not a regular file; remove it from the input"
+    cases = [(folder, f"{folder}/pipe.jsonl: {fifo_says}"),
+             (f"{folder}/*.jsonl", f"{folder}/pipe.jsonl: {fifo_says}"),
+             (folder / "pipe.jsonl", f"{folder}/pipe.jsonl: {fifo_says}"),
+             (sockets, f"{sockets}/s.txt: a socket, not a regular file"),
+             ("/dev/null", "/dev/null: a character device, not a regular file"),
+             (links, f"{links}/a.txt: a link to b.txt (Too many levels of symbolic links); "
+                     f"remove the link or restore its target")]
+    for spec, message in cases:
+        code, _, err = run_cli(prepare_data.main, ["d", f"--input={spec}", "--workers=1",
+                                                   "--tokenizer=tiny_eot",
+                                                   f"--data_dir={tmp_path / 'data'}"])
+        assert code == 2 and is_one_line_error(err), (spec, err)
+        assert f"error: cannot read {message}" in err, (spec, err)
+    with pytest.raises(OSError, match=f"pipe.jsonl: {re.escape(fifo_says)}"):
+        corpus_readers.open_input(str(folder / "pipe.jsonl"))
+    server.close()
+    assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_deep_or_huge_json_lines_are_one_line_errors(tmp_path, eot_encoding, use_encoding,
+                                                     run_cli, workers):
+    """Issue 22: a valid line of 100,000 nested lists ended in a 49-line traceback from the worker
+    pool (RecursionError). Every failure of the parser is one line naming the file and line, on
+    the main process and on workers."""
+    use_encoding(eot_encoding)
+    good = [json.dumps({"text": t}) for t in documents_of(20)]
+    cases = [
+        ('{"text": ' + deeply_nested() + "}",
+         r"deep\.jsonl, line 4: nested too deeply to read \(.*\); fix or remove the line$"),
+        ('{"text": "a", "n": ' + "7" * 5000 + "}",
+         r"deep\.jsonl, line 4: not valid JSON \(Exceeds the limit \(4300 digits\) for integer "
+         r"string conversion.*\); fix or remove the line$"),
+        ('{"text": ' + "[" * DEEP, r"deep\.jsonl, line 4: not valid JSON|nested too deeply"),
+    ]
+    for line, message in cases:
+        (tmp_path / "deep.jsonl").write_text("\n".join(good[:3] + [line] + good) + "\n")
+        code, _, err = run_cli(prepare_data.main, ["d", f"--input={tmp_path / 'deep.jsonl'}",
+                                                   "--tokenizer=tiny_eot", f"--workers={workers}",
+                                                   f"--data_dir={tmp_path / 'data'}"])
+        assert code == 2 and is_one_line_error(err), err[-2000:]
+        assert re.search(message, err), (message, err)
+
+
+def test_lone_surrogates_are_tokenized_as_encode_ordinary_does(tmp_path, tiny_encoding,
+                                                               eot_encoding):
+    """Issue 22: {"text": "a \\ud800 b"} stopped the run ("'utf-8' codec can't encode character",
+    no file, no line): encode_to_numpy refuses surrogates, which encode_ordinary replaces (a pair by
+    its character, a lone one by U+FFFD). encode_array gives encode_ordinary's tokens."""
+    texts = ["a \ud800 b", "\udfff", "x\ud83d\ude00y", "\ud800\ud800 z", "tail \udc80", "plain",
+             "Document 1.\n" + "\ud834" * 3]
+    for encoding in (tiny_encoding, eot_encoding):
+        tok = dataset.TiktokenTokenizer(encoding)
+        for text in texts:
+            array = tok.encode_array(text)
+            assert array.dtype == np.uint32 and array.tolist() == encoding.encode_ordinary(text)
+    assert eot_encoding.decode(dataset.TiktokenTokenizer(eot_encoding).encode_array("a \ud800 b")
+                               .tolist()) == "a \ufffd b"
+    docs = documents_of(20)
+    docs[3] += " a \ud800 b"
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    corpus.prepare_files(str(tmp_path / "s.jsonl"), eot_encoding, str(tmp_path / "d"), "d")
+    train, val = read_both_splits(str(tmp_path / "d"))
+    expected = expected_splits(docs, eot_encoding)
+    assert (train.tolist(), val.tolist()) == (expected["train"], expected["val"])
+
+
+def test_a_damaged_meta_json_is_one_line_with_its_line(tmp_path, text):
+    """meta.json's every failure names the file and the line: nesting past the recursion limit,
+    bytes that are not UTF-8, an integer too long to convert, and values no tokenizer can use."""
+    data_dir = str(tmp_path / "mine")
+    corpus.prepare(text, "char", data_dir, "mine", "synthetic.txt")
+    meta_path = os.path.join(data_dir, "meta.json")
+    good = open(meta_path, "rb").read()
+    meta = json.loads(good)
+    cases = [
+        (b'{\n"tokenizer": "char",\n"x": ' + deeply_nested().encode() + b"\n}",
+         r"meta\.json, line 3: nested too deeply to read; prepare the dataset again: python "
+         r"prepare_data\.py mine --input=path/to/text\.txt$"),
+        (b'{\n"s": "[[[[\\"[[[[",\n"x": [[[[[\n' + b"[" * 3000 + b"\n" + b"]" * 3005 + b"\n}",
+         r"meta\.json, line 4: nested too deeply to read"),  # brackets in a string do not count
+        (b'{"tokenizer": "char",\n"dataset": "caf\xe9"}',
+         r"meta\.json, line 2: not UTF-8 text \(byte 37\); prepare the dataset again"),
+        (b'{"tokenizer": "char",\n\n"n": ' + b"9" * 5000 + b"}",
+         r"meta\.json, line 3: not valid JSON \(Exceeds the limit \(4300 digits\).*\); prepare"),
+        (json.dumps({**meta, "chars": meta["chars"][:-1] + "\ud800"}).encode(),
+         r"'chars' holds a surrogate .*; it was edited or damaged"),
+        (json.dumps({**meta, "chars": meta["chars"][:-1] + "a"}).encode(),
+         r"a string of vocab_size distinct characters"),
+    ]
+    for content, message in cases:
+        with open(meta_path, "wb") as f:
+            f.write(content)
+        with pytest.raises(ValueError, match=message):
+            dataset.load_meta(data_dir)
+    assert dataset.deepest_offset(cases[1][0]) == cases[1][0].index(b"[" * 3000) + 2999

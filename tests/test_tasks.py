@@ -131,7 +131,7 @@ def test_mc_loader(tmp_path):
 
 
 MALFORMED = [  # (task, file name, lines, message after the file name)
-    ("mc", "a.jsonl", ['{"context": "a", "choices": [" b"], "label": 0}', '{"context": '],
+    ("mc", "a.jsonl", ['{"context": "a", "choices": [" b", " c"], "label": 0}', '{"context": '],
      ":2: not valid JSON"),
     ("mc", "a.jsonl", ['["a", "b"]'], ":1: expected a JSON object, got list"),
     ("mc", "a.jsonl", ['{"context": "a", "label": 0}'], ":1: missing field 'choices'"),
@@ -144,7 +144,7 @@ MALFORMED = [  # (task, file name, lines, message after the file name)
      ":1: label 2 is out of range"),
     ("mc", "a.jsonl", ['{"context": "a", "choices": [" b", " c"], "label": "x"}'],
      ":1: label must be an integer"),
-    ("mc", "a.jsonl", ['{"context": 3, "choices": [" b"], "label": 0}'],
+    ("mc", "a.jsonl", ['{"context": 3, "choices": [" b", " c"], "label": 0}'],
      ":1: field 'context' must be a str"),
     ("hellaswag", "h.jsonl", [], ": no examples (the file is empty)"),
     ("hellaswag", "h.jsonl",
@@ -154,8 +154,9 @@ MALFORMED = [  # (task, file name, lines, message after the file name)
      ":1: the text needs a context, a space and a last word"),
     ("lambada", "l.jsonl", ['{"txt": "a b"}'], ":1: missing field 'text'"),
     ("arc", "c.jsonl",
-     ['{"question": {"stem": "q", "choices": [{"text": "a", "label": "A"}]}, "answerKey": "B"}'],
-     ":1: answerKey 'B' is not one of the choice labels A"),
+     ['{"question": {"stem": "q", "choices": [{"text": "a", "label": "A"}, {"text": "b", "label": '
+      '"B"}]}, "answerKey": "C"}'],
+     ":1: answerKey 'C' is not one of the choice labels A, B"),
     ("arc", "c.jsonl", ['{"question": "q", "answerKey": "B"}'],
      ":1: field 'question' must be a dict"),
     ("arc", "c.jsonl",
@@ -172,24 +173,149 @@ MALFORMED = [  # (task, file name, lines, message after the file name)
 ]
 
 
-@pytest.mark.parametrize("name, file, lines, message", MALFORMED)
-def test_malformed_files_are_one_line_errors(tmp_path, name, file, lines, message):
+def assert_refused(tmp_path, name, file, lines, message):
+    """The file of lines, read as task name, is refused: one line that starts with its path and
+    message."""
     path = write_jsonl(tmp_path / file, lines) if lines else str(tmp_path / file)
     if not lines:
         Path(path).write_text("\n")
     with pytest.raises(tasks.TaskError) as err:
         load(name, path)
-    assert str(err.value).startswith(path + message) and "\n" not in str(err.value)
+    assert str(err.value).startswith(path + message) and "\n" not in str(err.value), err.value
+    return str(err.value)
+
+
+@pytest.mark.parametrize("name, file, lines, message", MALFORMED)
+def test_malformed_files_are_one_line_errors(tmp_path, name, file, lines, message):
+    assert_refused(tmp_path, name, file, lines, message)
+
+
+def arc_row(*choices, answer="A"):
+    """An ARC line whose choices are (label, text) pairs."""
+    return json.dumps({"question": {"stem": "q", "choices": [{"text": t, "label": k}
+                                                             for k, t in choices]},
+                       "answerKey": answer})
+
+
+BAD_CHOICES = [  # (task, file name, lines, message after the file name), for every format
+    # fewer than two: with one choice, every model scores acc 1
+    ("mc", "a.jsonl", ['{"context": "a", "choices": [" b"], "label": 0}'],
+     ":1: field 'choices' has 1 choice; a multiple-choice row needs two or more"),
+    ("hellaswag", "h.jsonl",
+     ['{"activity_label": "a", "ctx_a": "b", "ctx_b": "c", "endings": ["d"], "label": 0}'],
+     ":1: field 'endings' has 1 choice"),
+    ("arc", "c.jsonl", [arc_row(("A", "a"))], ":1: field 'question.choices' has 1 choice"),
+    # two alike (as scored: whitespace at the ends aside, HellaSwag's endings as cleaned)
+    ("mc", "a.jsonl", ['{"context": "a", "choices": [" b", " c", "b "], "label": 0}'],
+     ":1: choices[0] and choices[2] are the same choice 'b'; the choices of a row must differ"),
+    ("hellaswag", "h.jsonl",
+     ['{"ctx": "a", "endings": ["It  runs.", "x", "It runs."], "label": 0}'],
+     ":1: endings[0] and endings[2] are the same choice 'It runs.'"),
+    ("piqa", "valid.jsonl", ['{"goal": "g", "sol1": "a b", "sol2": "a b", "label": 0}'],
+     ":1: sol1 and sol2 are the same choice 'a b'"),
+    ("arc", "c.jsonl", [arc_row(("A", "x"), ("B", "y"), ("C", "x"))],
+     ":1: choice A and choice C are the same choice 'x'"),
+    ("arc", "c.jsonl", [arc_row(("A", "x"), ("A", "y"))],
+     ":1: the choice label 'A' is given twice in question.choices"),
+    ("winogrande", "w.jsonl",
+     ['{"sentence": "a _ b", "option1": "the cup", "option2": "the cup", "answer": "1"}'],
+     ":1: option1 and option2 are the same choice 'the cup'"),
+    # a label that is not one of the choices
+    ("mc", "a.jsonl", ['{"context": "a", "choices": [" b", " c"], "label": -1}'],
+     ":1: label -1 is out of range for 2 choices (0..1)"),
+    ("hellaswag", "h.jsonl", ['{"ctx": "a", "endings": ["b", "c"], "label": "4"}'],
+     ":1: label 4 is out of range for 2 choices (0..1)"),
+    ("piqa", "valid.jsonl", ['{"goal": "g", "sol1": "a", "sol2": "b", "label": 2}'],
+     ":1: label 2 is out of range for 2 choices (0..1)"),
+    ("arc", "c.jsonl", [arc_row(("A", "x"), ("B", "y"), answer="E")],
+     ":1: answerKey 'E' is not one of the choice labels A, B"),
+    ("winogrande", "w.jsonl",
+     ['{"sentence": "a _ b", "option1": "x", "option2": "y", "answer": 0}'],
+     ":1: answer 0 is out of range for 2 choices (1..2)"),
+]
+
+
+@pytest.mark.parametrize("name, file, lines, message", BAD_CHOICES)
+def test_rows_without_a_real_choice_are_refused(tmp_path, name, file, lines, message):
+    """A row the harness would score, but whose accuracy means nothing: refused with its line."""
+    assert_refused(tmp_path, name, file, lines, message)
+
+
+DEEP = 100_000  # levels of nesting: far past Python's recursion limit
+BAD_VALUES = [  # any failure of the parser or of the values: the file and line, one short line
+    ("arc", ['{"question": ' + "[" * DEEP + "]" * DEEP + ', "answerKey": "A"}'],
+     ":1: not readable as JSON (nested too deeply: more levels than Python's recursion limit)"),
+    ("mc", ['{"context": "a", "choices": [" b", " c"], "label": ' + "1" * 5000 + "}"],
+     ":1: not readable as JSON (ValueError: Exceeds the limit (4300 digits) for integer string "
+     "conversion: value has 5000 digits)"),
+    ("mc", ['{"context": "a", "choices": [" b", " c"], "label": "\u00b2"}'],
+     ":1: label must be an integer, not '\u00b2'"),  # a digit to isdigit(), not to int()
+    ("mc", ['{"context": "a", "choices": [" b", " c"], "label": "' + "1" * 5000 + '"}'],
+     ":1: label must be an integer, not '11111"),
+    ("mc", ['{"context": "a", "choices": [" b", " c"], "label": ' + "[" * 900 + "]" * 900 + "}"],
+     ":1: label must be an integer, not a list"),
+    ("mc", ['{"context": "a", "choices": [' + "[" * 900 + "]" * 900 + "], \"label\": 0}"],
+     ":1: field 'choices' must be a non-empty list of strings"),
+    ("lambada", ['{"text": {"a": {"b": [1]}}}'], ":1: field 'text' must be a str, not dict"),
+    ("winogrande", ['{"sentence": "a _ b", "option1": "x", "option2": "y", "answer": true}'],
+     ":1: answer must be an integer, not True"),
+]
+
+
+@pytest.mark.parametrize("name, lines, message", BAD_VALUES,
+                         ids=[f"{name}-{i}" for i, (name, _, _) in enumerate(BAD_VALUES)])
+def test_any_failure_of_parser_or_values_is_one_line(tmp_path, name, lines, message):
+    error = assert_refused(tmp_path, name, "t.jsonl", lines, message)
+    assert len(error) < len(str(tmp_path)) + 150  # a value is quoted short, never whole
+
+
+def test_unforeseen_failures_in_a_loader_name_the_line():
+    """guarded: what a loader's own checks did not foresee still names the file and line."""
+    def recurse(n):
+        return recurse(n + 1)
+
+    def raise_memory():
+        raise MemoryError
+
+    def raise_own():
+        raise tasks.TaskError("as it was")
+
+    for parse, message in [(lambda: recurse(0), "nested too deeply: more levels than Python's"),
+                           (raise_memory, "too large to be held in memory"),
+                           (lambda: len(5), "TypeError: object of type 'int' has no len()")]:
+        with pytest.raises(tasks.TaskError, match=f"^x.jsonl:7: cannot be used \\({message}"):
+            tasks.guarded("x.jsonl:7", parse)
+    with pytest.raises(tasks.TaskError, match="^as it was$"):  # its own errors pass unchanged
+        tasks.guarded("x.jsonl:7", raise_own)
 
 
 def test_bytes_that_are_not_utf8_and_byte_order_marks(tmp_path):
     path = tmp_path / "a.jsonl"
     # a byte-order mark: read as usual
-    path.write_bytes(b'\xef\xbb\xbf{"context": "a", "choices": [" b"], "label": 0}\n')
-    assert load("mc", path)[0].pairs == [("a", " b")]
-    path.write_bytes(b'{"context": "a", "choices": [" b"], "label": 0}\n{"context": "\xff"}\n')
+    path.write_bytes(b'\xef\xbb\xbf{"context": "a", "choices": [" b", " c"], "label": 0}\n')
+    assert load("mc", path)[0].pairs == [("a", " b"), ("a", " c")]
+    path.write_bytes(b'{"context": "a", "choices": [" b", " c"], "label": 0}\n'
+                     b'{"context": "\xff"}\n')
     with pytest.raises(tasks.TaskError, match=f"^{path}:2: not UTF-8 text$"):
         load("mc", path)
+    # PIQA's labels file too
+    valid = write_jsonl(tmp_path / "valid.jsonl", [{"goal": "g", "sol1": "a", "sol2": "b"}] * 2)
+    (tmp_path / "valid-labels.lst").write_bytes(b"0\n\xff\n")
+    with pytest.raises(tasks.TaskError, match=f"^{tmp_path}/valid-labels.lst:2: not UTF-8 text$"):
+        load("piqa", valid)
+
+
+def test_a_lone_surrogate_is_encoded_as_encode_ordinary_does(tmp_path):
+    """JSON may escape half a surrogate pair ("\\ud800"): BPE encodes it as tiktoken's
+    encode_ordinary does (as U+FFFD), a character vocabulary skips the example, with its line."""
+    row = '{"context": "a", "choices": [" b \\ud800", " c"], "label": 0}'
+    path = write_jsonl(tmp_path / "mine.jsonl", [row])
+    bpe = TiktokenTokenizer(merge_encoding())
+    [(rows, _, _)] = tasks.load_task("mc", path, bpe, 0, 16)["examples"]
+    assert rows[0][1] == bpe.encode(" b \ufffd") == bpe.encoding.encode_ordinary(" b \ud800")
+    with pytest.raises(tasks.TaskError, match=f"none of its 1 examples can be scored "
+                                              f"\\({path}:1: characters not in"):
+        tasks.load_task("mc", path, CharTokenizer(" abc"), 0, 16)
 
 
 def test_piqa_labels_file_errors(tmp_path):
@@ -273,9 +399,32 @@ def test_task_max_and_skipped_examples(tmp_path):
     assert short["first_skip"] == f"{path}:3: a continuation of 9 tokens does not fit block_size 6"
     with pytest.raises(tasks.TaskError, match=f"{path}: none of its 10 examples can be scored"):
         tasks.load_task("mc", path, tok, max_examples=0, block_size=1)
-    two = tasks.load_tasks([("mc", path), ("mc", str(tmp_path / "mine.jsonl"))], tok, 0, 16)
-    assert [t["label"] for t in two] == ["mc (mine.jsonl)"] * 2
+    os.makedirs(tmp_path / "b")
+    other = write_jsonl(tmp_path / "b" / "mine.jsonl", records)
+    two = tasks.load_tasks([("mc", path), ("mc", other)], tok, 0, 16)
+    assert [t["label"] for t in two] == [f"mc ({tmp_path.name}/mine.jsonl)", "mc (b/mine.jsonl)"]
     assert tasks.load_tasks([("mc", path)], tok, 0, 16)[0]["label"] == "mc"
+
+
+def test_task_labels_tell_files_of_one_name_apart(tmp_path):
+    """The name alone where it is used once; else the shortest end of the path that differs."""
+    assert tasks.task_labels([("arc", "ARC-Easy-Test.jsonl"), ("arc", "x/ARC-Challenge-Test.jsonl"),
+                              ("mc", "mine.jsonl")]) == [
+        "arc (ARC-Easy-Test.jsonl)", "arc (ARC-Challenge-Test.jsonl)", "mc"]
+    assert tasks.task_labels([("arc", "a/test.jsonl"), ("arc", "b/test.jsonl")]) == [
+        "arc (a/test.jsonl)", "arc (b/test.jsonl)"]
+    assert tasks.task_labels([("arc", "x/a/t.jsonl"), ("arc", "y/a/t.jsonl"), ("arc", "a/t.jsonl"),
+                              ("arc", "t.jsonl"), ("mc", "t.jsonl")]) == [
+        "arc (x/a/t.jsonl)", "arc (y/a/t.jsonl)", "arc (a/t.jsonl)", "arc (t.jsonl)", "mc"]
+    # one file given twice under one name: the same figures twice, refused (by its real path)
+    Path(tmp_path / "t.jsonl").write_text("")
+    os.symlink(tmp_path / "t.jsonl", tmp_path / "link.jsonl")
+    for again in (f"{tmp_path}/./t.jsonl", f"{tmp_path}/link.jsonl"):
+        with pytest.raises(tasks.TaskError, match=f"^--task=arc:{again} is the file of "
+                                                  f"--task=arc:{tmp_path}/t.jsonl again"):
+            tasks.parse_specs([f"arc:{tmp_path}/t.jsonl", f"arc:{again}"])
+    assert tasks.parse_specs([f"arc:{tmp_path}/t.jsonl", f"mc:{tmp_path}/t.jsonl"]) == [
+        ("arc", f"{tmp_path}/t.jsonl"), ("mc", f"{tmp_path}/t.jsonl")]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -522,21 +671,23 @@ def test_end_to_end_every_format(world, run_cli, monkeypatch):
 
 def test_command_errors_are_one_line(world, run_cli, monkeypatch):
     monkeypatch.chdir(world)
-    Path("tasks/bad.jsonl").write_text('{"context": "a", "choices": [" b"], "label": 0}\n'
+    Path("tasks/bad.jsonl").write_text('{"context": "a", "choices": [" b", " c"], "label": 0}\n'
                                        '{"context": "a"\n')
     Path("tasks/empty.jsonl").write_text("")
-    Path("tasks/nolabel.jsonl").write_text('{"context": "a", "choices": [" b"]}\n')
-    Path("tasks/range.jsonl").write_text('{"context": "a", "choices": [" b"], "label": 1}\n')
+    Path("tasks/nolabel.jsonl").write_text('{"context": "a", "choices": [" b", " c"]}\n')
+    Path("tasks/range.jsonl").write_text('{"context": "a", "choices": [" b", " c"], "label": 2}\n')
+    Path("tasks/one.jsonl").write_text('{"context": "a", "choices": [" b"], "label": 0}\n')
     cases = [
         ("--task=mc:tasks/bad.jsonl", "tasks/bad.jsonl:2: not valid JSON"),
         ("--task=mc:tasks/empty.jsonl", "tasks/empty.jsonl: no examples (the file is empty)"),
         ("--task=mc:tasks/nolabel.jsonl", "tasks/nolabel.jsonl:1: missing field 'label'"),
         ("--task=mc:tasks/range.jsonl",
-         "tasks/range.jsonl:1: label 1 is out of range for 1 choices"),
+         "tasks/range.jsonl:1: label 2 is out of range for 2 choices"),
         ("--task=piqa:tasks/none.jsonl", "tasks/none.jsonl: no such file"),
         ("--task=squad:tasks/bad.jsonl", "unknown task 'squad' in --task=squad:tasks/bad.jsonl"),
         ("--task=tasks/bad.jsonl", "--task=tasks/bad.jsonl must be NAME:PATH"),
         ("--task_max=-1", "--task_max=-1 must be >= 0"),
+        ("--task=mc:tasks/one.jsonl", "tasks/one.jsonl:1: field 'choices' has 1 choice"),
     ]
     for flag, message in cases:
         code, out, err = run_cli(ev.main, ["out-tied", "--lambada_max=0", flag])
@@ -548,6 +699,38 @@ def test_command_errors_are_one_line(world, run_cli, monkeypatch):
     assert bad.returncode == 2
     assert bad.stderr == ("eval.py: error: tasks/bad.jsonl:2: not valid JSON (Expecting ',' "
                           "delimiter at column 16)\n")
+
+
+def test_the_cases_of_issue_22_at_the_command(world, run_cli, monkeypatch):
+    """A line of 100,000 nested lists (a traceback of 33 lines before); one file given twice; two
+    files of one name in two folders (one label for both before)."""
+    monkeypatch.chdir(world)
+    Path("tasks/deep.jsonl").write_text('{"question": ' + "[" * DEEP + "]" * DEEP
+                                        + ', "answerKey": "A"}\n')
+    deep = subprocess.run([sys.executable, str(ROOT / "eval.py"), "out-tied", "--lambada_max=0",
+                           "--task=arc:tasks/deep.jsonl"], cwd=world, capture_output=True,
+                          text=True)
+    assert deep.returncode == 2 and deep.stdout == ""
+    assert deep.stderr == ("eval.py: error: tasks/deep.jsonl:1: not readable as JSON (nested too "
+                           "deeply: more levels than Python's recursion limit)\n")
+    code, out, err = run_cli(ev.main, ["out-tied", "--lambada_max=0", "--task=arc:tasks/arc.jsonl",
+                                       "--task=arc:./tasks/arc.jsonl"])
+    assert code == 2 and not out and err == ("eval.py: error: --task=arc:./tasks/arc.jsonl is the "
+                                             "file of --task=arc:tasks/arc.jsonl again; give each "
+                                             "task file once\n")
+    for folder in ("easy", "challenge"):
+        os.makedirs(f"tasks/{folder}", exist_ok=True)
+        write_jsonl(f"tasks/{folder}/test.jsonl", TASK_FILES["arc"])
+    code, out, err = run_cli(ev.main, ["out-tied", "out-lev", "--lambada_max=0", "--json=two.json",
+                                       "--task=arc:tasks/easy/test.jsonl",
+                                       "--task=arc:tasks/challenge/test.jsonl"])
+    assert code == 0, err
+    for label in ("arc (easy/test.jsonl)", "arc (challenge/test.jsonl)"):
+        assert f"| {label} | tied | 1 | 1.000 ± 0.000 |" in out and f"| {label} | lev | 1 |" in out
+    result = json.loads(Path("two.json").read_text())
+    assert [t["label"] for t in result["tasks"]] == ["arc (easy/test.jsonl)",
+                                                     "arc (challenge/test.jsonl)"]
+    assert [r["task"] for r in result["arms"][0]["tasks"]] == [t["label"] for t in result["tasks"]]
 
 
 def test_help_documents_the_formats(run_cli):
