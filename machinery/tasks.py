@@ -432,14 +432,23 @@ def encode_pair(tokenizer, context, continuation):
     if n:
         context, continuation = context[:-n], context[-n:] + continuation
     if not context:
-        # tiktoken encodings have one
-        eot = getattr(getattr(tokenizer, "encoding", None), "eot_token", None)
+        eot = end_of_text(tokenizer)
         if eot is None:
             raise ValueError("empty context, and the tokenizer has no end-of-text token to start "
                              "from")
         return [eot], tokenizer.encode(continuation)
     context_ids = tokenizer.encode(context)
     return context_ids, tokenizer.encode(context + continuation)[len(context_ids):]
+
+
+def end_of_text(tokenizer):
+    """The tokenizer's end-of-text id, or None: characters have none, and neither has a tiktoken
+    encoding built without <|endoftext|> (its eot_token raises a KeyError)."""
+    encoding = getattr(tokenizer, "encoding", None)
+    try:
+        return None if encoding is None else encoding.eot_token
+    except KeyError:
+        return None
 
 
 def evenly_spaced(items, k):

@@ -20,6 +20,7 @@ import pytest
 import tiktoken
 import torch
 import torch.nn.functional as F
+from conftest import make_tiny_encoding
 
 import eval as ev
 from leviathan import GPT, Config
@@ -377,6 +378,10 @@ def test_encode_pair_moves_the_space_into_the_continuation():
     assert tasks.encode_pair(char, "cat ", "Paris") == (char.encode("cat"), char.encode(" Paris"))
     with pytest.raises(ValueError, match="empty context"):
         tasks.encode_pair(char, " ", "Paris")
+    # nor has a tiktoken encoding built without <|endoftext|> (its eot_token raises a KeyError)
+    bare = TiktokenTokenizer(make_tiny_encoding())
+    with pytest.raises(ValueError, match="empty context"):
+        tasks.encode_pair(bare, "", "Paris")
 
 
 def test_task_max_and_skipped_examples(tmp_path):

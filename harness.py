@@ -1,0 +1,49 @@
+r"""
+Any lm-evaluation-harness task on a Leviathan run: lm_eval's own command line, with this project's
+model registered as "leviathan" (machinery/harness.py; docs/harness.md).
+
+    python harness.py --model_args run=out-lev --include_path tasks \
+        --tasks local_hellaswag,local_arc --batch_size 16 --device cpu
+    python harness.py --model_args run=out-lev --tasks hellaswag --num_fewshot 5 \
+        --output_path results/   # a task of the harness's own, its data from the Hugging Face Hub
+
+Every flag is lm_eval's (the list follows); --model defaults to leviathan. --model_args: run=DIR
+(a run directory holding ckpt.pt, or a checkpoint file), dtype=auto|float32|bfloat16|float16 (auto:
+float32 off CUDA, bfloat16 autocast on CUDA as sample.py; float32 gives eval.py --task's figures on
+any device), plain=true (no fast path, as eval.py --plain). --batch_size: rows per forward pass
+(auto: 16, eval.py's default). tasks/ holds task configs that read local files in the published
+formats eval.py --task reads, prompted as the harness's own tasks are. Needs lm_eval (tested with
+0.4.13).
+"""
+
+import sys
+
+from leviathan import GPT, Config
+from machinery import cli
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        from machinery import harness
+    except ModuleNotFoundError as e:  # lm_eval is optional
+        if e.name and e.name.split(".")[0] == "lm_eval":
+            cli.fail("harness.py", "needs lm-evaluation-harness: pip install lm_eval (tested with "
+                                   "lm_eval 0.4.13)")
+        cli.fail("harness.py", f"lm_eval cannot be imported without {e.name!r}; reinstall it: "
+                               f"pip install lm_eval")
+    harness.register(GPT, Config)
+    if not argv or argv in (["-h"], ["--help"]):
+        print(__doc__.strip() + "\n")
+        argv = ["run", "--help"]
+    try:
+        harness.run_cli(argv, prog="harness.py")
+    except FileNotFoundError as e:  # a task's data file
+        cli.fail("harness.py", f"{e}; the data_files of a task config are read from the working "
+                               f"directory (tasks/'s: from the repository's root)")
+    except ValueError as e:  # the adapter's (AdapterError) and lm_eval's: tasks not found, ...
+        cli.fail("harness.py", str(e))
+
+
+if __name__ == "__main__":
+    main()
