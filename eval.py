@@ -41,13 +41,9 @@ import torch
 from leviathan import GPT, Config
 from machinery import cli, devices, tasks
 from machinery.checkpoints import load_checkpoint
-from machinery.dataset import eval_windows, get_tokenizer
+from machinery.dataset import BUCKET_LOWER, BUCKETS, eval_windows, get_tokenizer, train_counts
 from machinery.evaluation import check_args, labels, load_data, read_curve, scored_on, write_outputs
 from machinery.runtime import set_runtime
-
-# a target falls in bucket i when its id's training count is in [lower[i], lower[i + 1])
-BUCKETS = ("unseen", "1-10", "11-100", "101-1k", "1k-10k", ">10k")
-BUCKET_LOWER = (0, 1, 11, 101, 1001, 10001)
 
 LAMBADA_RULE = """\
 LAMBADA-style task: the validation split is decoded with the checkpoints' tokenizer and cut into
@@ -100,16 +96,6 @@ def evaluate_tokens(model, tokens, batch_size, device):
         losses.append(loss.flatten().cpu().numpy())
         targets.append(window[:, 1:].reshape(-1))
     return np.concatenate(losses), np.concatenate(targets)
-
-
-def train_counts(train_tokens, vocab_size, chunk=1 << 24):
-    """How often each id occurs in the training split: (vocab_size,) int64, counted a chunk at a
-    time so that a split of billions of tokens never has to fit in memory."""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for i in range(0, len(train_tokens), chunk):
-        chunk_counts = np.bincount(np.asarray(train_tokens[i:i + chunk]), minlength=vocab_size)
-        counts += chunk_counts[:vocab_size]
-    return counts
 
 
 def bucket_stats(losses, targets, counts):

@@ -10,6 +10,8 @@ Train a Leviathan, or one of its baselines, on a dataset prepared by prepare_dat
     python train.py config/shakespeare_cpu.py --init_from=resume
     # fine-tune a trained model on data b
     python train.py --init_from=out-a-lev --dataset=b --out_dir=out-b-lev
+    # retrofit: LEV fitted to a tied (or untied) model's input table, then fine-tuning
+    python train.py --init_from=out-a-tied --embedding=lev --out_dir=out-a-retrofit
     # DDP, one process per GPU
     torchrun --standalone --nproc_per_node=8 train.py config/shakespeare_gpu.py
 
@@ -18,7 +20,8 @@ then --key=value flags. With --init_from=resume the checkpoint's settings replac
 files and flags still apply. With --init_from=PATH (a checkpoint, or a run directory holding
 ckpt.pt) a new run starts from that model's weights and architecture, with a fresh optimizer and
 schedule, on any dataset of the same tokenizer; --freeze keeps parts of it fixed, to study what
-transfers.
+transfers. --embedding=lev from a tied or untied source first fits a new LEV to its input table
+(the fit_* settings; docs/training.md).
 
 Fair comparisons: every arm with the same seed draws the same training batches (the data order has
 its own generator, independent of the model's initialization), and validation always uses the same
@@ -49,7 +52,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from leviathan import EMBEDDINGS, GPT, Config
-from machinery import checkpoints, cli, runs
+from machinery import checkpoints, cli, retrofit, runs
 from machinery.grad_stats import GradStats, clip_gradients, clipped
 from machinery.runtime import set_runtime
 from machinery.settings import SettingsError, help_text, parse_args
@@ -120,9 +123,10 @@ SETTINGS = {
               "auto: bfloat16 on CUDA (float16 if unsupported), float32 elsewhere"),
     "compile": (False, "torch.compile the model"),
     "seed": (1337, "seed of the model's initialization and, separately, of the data order"),
+    **retrofit.SETTINGS,  # fitting LEV to a table model's input table (fit_steps, fit_lr, ...)
 }
 CHOICES = {"embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
-           "dtype": ("auto", "float32", "bfloat16", "float16")}
+           "dtype": ("auto", "float32", "bfloat16", "float16"), **retrofit.CHOICES}
 
 
 def get_lr(step, s):
@@ -161,11 +165,13 @@ class Trainer:
         self.log_path = os.path.join(s["out_dir"], "log.jsonl")
         self.data_generator = torch.Generator()  # the data order's own stream, apart from the init
         self.origin = None  # the checkpoint a fine-tuning run started from
+        self.fit_table = None  # a retrofit's source input table, which train() fits LEV to
         if ckpt is None or s["init_from"] != "resume":
             torch.manual_seed(s["seed"])  # the model's initialization
-            model_settings = {key: s[key] for key in MODEL}
-            self.model = (GPT(Config(vocab_size=data.meta["vocab_size"], **model_settings))
-                          if ckpt is None else self.fine_tune(ckpt))
+            config = Config(vocab_size=data.meta["vocab_size"], **{key: s[key] for key in MODEL})
+            # a retrofit: a new lev model, which fine_tune gives the source's weights
+            fresh = GPT(config) if ckpt is None or ckpt["retrofit"] else None
+            self.model = fresh if ckpt is None else self.fine_tune(ckpt, fresh)
             self.data_generator.manual_seed(s["seed"] + runs.DATA_SEED_OFFSET)
             torch.manual_seed(s["seed"] + procs.rank)  # dropout masks: a stream per process
             self.step, self.tokens_seen, self.best_val_loss = 0, 0, float("inf")
@@ -211,14 +217,19 @@ class Trainer:
         for p, state in as_saved.state.items():
             self.optimizer.state[p] = state
 
-    def fine_tune(self, source):
-        """The source checkpoint's model, with its weights (dropout as this run asks)."""
+    def fine_tune(self, source, lev_model):
+        """The source checkpoint's model, with its weights (dropout as this run asks); a retrofit:
+        lev_model, with the source's backbone and head (train() then fits its LEV)."""
         runs.check_same_tokens(source["meta"], self.data, source["path"],
                                "fine-tune on data prepared with the source's tokenizer")
         source["model_config"]["dropout"] = self.s["dropout"]
         self.origin = {"checkpoint": source["path"], "step": source.get("step"),
                        "dataset": source["meta"].get("dataset"),
                        "embedding": source["model_config"]["embedding"]}
+        if source["retrofit"]:
+            checkpoints.build_model(source, source["path"], GPT, Config)  # its checks
+            self.fit_table = retrofit.transplant(lev_model, source["model"])
+            return lev_model.train()
         return checkpoints.build_model(source, source["path"], GPT, Config).train()
 
     def resume(self, ckpt):
@@ -298,6 +309,8 @@ class Trainer:
                   "elapsed_s": round(self.elapsed(), 3), "embedding": s["embedding"]}
         if self.origin is not None:
             record["init_from"] = self.origin["checkpoint"]
+            if self.step == 0 and "retrofit" in self.origin:  # the fit's figures, once
+                record["retrofit"] = self.origin["retrofit"]
         if self.procs.master:
             with open(self.log_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
@@ -408,6 +421,13 @@ def train(s, explicit):
         cli.remove_stale_temps(s["out_dir"])  # half-written files of runs killed mid-save
     trainer = Trainer(s, procs, data, ckpt)
     del ckpt
+    if procs.master:
+        runs.start_log(trainer.log_path, s["init_from"] == "resume", trainer.step)
+    runs.report_start(trainer, s)
+    if trainer.fit_table is not None:  # a retrofit: fit LEV to the source's table, then free it
+        trainer.origin["retrofit"] = retrofit.retrofit(trainer.model.tok_emb, trainer.fit_table,
+                                                       data.train, s, procs.log)
+        trainer.fit_table = None
     # wrap: torch.compile, then DDP; trainer.model stays the plain module (checkpoints, evaluation)
     if procs.ddp:
         dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
@@ -415,9 +435,6 @@ def train(s, explicit):
     on_gpu = procs.device.type == "cuda"
     train_model = (DDP(fast_model, device_ids=[procs.local_rank] if on_gpu else None)
                    if procs.ddp else fast_model)
-    if procs.master:
-        runs.start_log(trainer.log_path, s["init_from"] == "resume", trainer.step)
-    runs.report_start(trainer, s)
     try:
         with runs.stop_requests() as stop_signal:  # Ctrl-C or SIGTERM: finish the step, save, stop
             return train_loop(trainer, fast_model, train_model, stop_signal)

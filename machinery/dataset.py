@@ -282,3 +282,19 @@ def eval_windows(n_tokens, block_size, max_windows=None):
             raise ValueError(f"max_windows={max_windows} must be at least 1")
         starts = starts[np.arange(max_windows) * n_windows // max_windows]
     return starts
+
+
+# The frequency buckets of eval.py's table and of a retrofit's fit (machinery/retrofit.py); an id is
+# in bucket i when its training count is in [BUCKET_LOWER[i], BUCKET_LOWER[i + 1])
+BUCKETS = ("unseen", "1-10", "11-100", "101-1k", "1k-10k", ">10k")
+BUCKET_LOWER = (0, 1, 11, 101, 1001, 10001)
+
+
+def train_counts(train_tokens, vocab_size, chunk=1 << 24):
+    """How often each id occurs in the training split: (vocab_size,) int64, counted a chunk at a
+    time so that a split of billions of tokens never has to fit in memory."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(0, len(train_tokens), chunk):
+        chunk_counts = np.bincount(np.asarray(train_tokens[i:i + chunk]), minlength=vocab_size)
+        counts += chunk_counts[:vocab_size]
+    return counts

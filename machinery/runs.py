@@ -15,7 +15,7 @@ import string
 
 import torch
 
-from machinery import checkpoints, cli, dataset, devices
+from machinery import checkpoints, cli, dataset, devices, retrofit
 from machinery.settings import SettingsError, set_setting
 
 PARTS = ("embedding", "backbone", "head")  # what --freeze can name
@@ -35,12 +35,13 @@ def check_settings(s, model_table, Config):
         need(not isinstance(value, float) or math.isfinite(value),
              f"{key}={value} must be a finite number")
     for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval",
-                "lev_chunk"):
+                "lev_chunk", "fit_batch"):
         need(s[key] >= 1, f"{key}={s[key]} must be at least 1")
     for key in ("max_iters", "eval_iters", "warmup_iters", "lr_decay_iters", "min_lr",
-                "weight_decay", "grad_clip"):
+                "weight_decay", "grad_clip", "fit_steps"):
         need(s[key] >= 0, f"{key}={s[key]} must be >= 0")
-    need(s["learning_rate"] > 0, f"learning_rate={s['learning_rate']} must be > 0")
+    for key in ("learning_rate", "fit_lr"):
+        need(s[key] > 0, f"{key}={s[key]} must be > 0")
     need(s["lev_lr_scale"] > 0, f"lev_lr_scale={s['lev_lr_scale']} must be > 0")
     need(s["lev_wd_scale"] >= 0, f"lev_wd_scale={s['lev_wd_scale']} must be >= 0")
     for key, default in (("lev_lr_scale", 1), ("lev_wd_scale", 1), ("lev_clip_apart", False)):
@@ -76,6 +77,11 @@ def resolve_run(s, explicit, table, choices, model_table, Config):
     # a fine-tuning run takes the source's architecture first: out_dir's {embedding} is the source's
     fine_tuning = s["init_from"] not in ("scratch", "resume")
     source = read_source(s, explicit, model_table, Config) if fine_tuning else None
+    fit_flags = [key for key in retrofit.SETTINGS if key in explicit]
+    if fit_flags and not (source is not None and source["retrofit"]):  # refused, not ignored
+        raise SettingsError(f"{fit_flags[0]}={s[fit_flags[0]]} applies to a {retrofit.WHEN} "
+                            f"only, which this run is not (a resumed run does not fit again); "
+                            f"drop --{fit_flags[0]}")
     format_out_dir(s, table)
     cli.check_output_dir(s["out_dir"], "out_dir")
     ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
@@ -126,9 +132,14 @@ def format_out_dir(s, table):
 
 def read_source(s, explicit, model_table, Config):
     """The checkpoint a fine-tuning run starts from; its architecture becomes this run's (flags may
-    change dropout only)."""
+    change dropout only). A retrofit, --embedding=lev from a tied or untied source, takes LEV's
+    settings from this run instead (source["retrofit"] says which; machinery/retrofit.py)."""
     source, path = checkpoints.read_checkpoint(s["init_from"], "cpu")
+    source["retrofit"] = (s["embedding"] == "lev" and "embedding" in explicit
+                          and source["model_config"].get("embedding") in ("tied", "untied"))
     for key, value in saved_architecture(source["model_config"], model_table).items():
+        if source["retrofit"] and (key == "embedding" or key.startswith("lev_")):
+            continue  # the new LEV's settings: this run's flags and defaults
         if key in explicit and s[key] != value and key != "dropout":
             raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; "
                                 f"fine-tuning keeps the source's architecture (drop --{key})")
