@@ -421,6 +421,9 @@ def train(s, explicit):
         cli.remove_stale_temps(s["out_dir"])  # half-written files of runs killed mid-save
     trainer = Trainer(s, procs, data, ckpt)
     del ckpt
+    # joining the group waits for every process: all have checked out_dir before log.jsonl exists
+    if procs.ddp:
+        dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
     if procs.master:
         runs.start_log(trainer.log_path, s["init_from"] == "resume", trainer.step)
     runs.report_start(trainer, s)
@@ -429,8 +432,6 @@ def train(s, explicit):
                                                        data.train, s, procs.log)
         trainer.fit_table = None
     # wrap: torch.compile, then DDP; trainer.model stays the plain module (checkpoints, evaluation)
-    if procs.ddp:
-        dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
     fast_model = torch.compile(trainer.model) if s["compile"] else trainer.model
     on_gpu = procs.device.type == "cuda"
     train_model = (DDP(fast_model, device_ids=[procs.local_rank] if on_gpu else None)
