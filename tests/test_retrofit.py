@@ -2,37 +2,28 @@
 machinery/retrofit.py): the fit, the swap, the fine-tuning run after it, and the refusals (all
 hermetic, CPU, tiny models on the char_data fixture)."""
 
-import json
 import os
 
 import pytest
+import test_train
 import torch
 from conftest import random_ids, tiny_lev, tiny_model
+from test_train import read_log
 
 import eval as ev
 import leviathan
 import sample
-import train
 from machinery import checkpoints, dataset, retrofit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16",
-        "--lev_heads=2", "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=5", "--warmup_iters=2", "--device=cpu", "--lev_compile=False"]
+# test_train.py's tiny runs, with fewer progress lines and LEV's kernels eager
+RUN = ["--log_interval=5", "--lev_compile=False"]
 FIT = ["--embedding=lev", "--fit_steps=20", "--fit_batch=64", "--fit_lr=3e-3"]
 
 
 def run_train(capsys, data, out, *args):
-    code = train.main([f"--data_dir={data}", "--dataset=tiny_char", f"--out_dir={out}", *TINY,
-                       *args])
-    out_text, err_text = capsys.readouterr()
-    return code, out_text, err_text
-
-
-def read_log(out):
-    with open(os.path.join(out, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return test_train.run_train(capsys, data, out, *RUN, *args)
 
 
 def load(out):
