@@ -24,14 +24,14 @@ SETTINGS = {
     "fit_lr": (1e-3, "retrofit: the fit's peak learning rate (linear warmup over its first 5% of "
                      "steps, then cosine decay to a tenth)"),
     "fit_batch": (4096, "retrofit: ids per fit step, drawn (with replacement) by fit_weights"),
-    "fit_loss": ("mse", "retrofit: what LEV(i) minimises against table row i: mse (squared error, "
-                        "relative to the rows' mean squared norm) or cosine_norm (1 - cosine, plus "
-                        "the squared relative error of the norm)"),
+    "fit_loss": ("cosine_norm", "retrofit: what LEV(i) minimises against table row i: cosine_norm "
+                                "(1 - cosine, plus the squared relative error of the norm) or mse "
+                                "(squared error, relative to the rows' mean squared norm)"),
     "fit_weights": ("counts", "retrofit: how ids count in the fit: counts (their training-split "
                               "counts), seen (uniform over ids seen in the training split), "
                               "uniform (all ids)"),
 }
-CHOICES = {"fit_loss": ("mse", "cosine_norm"), "fit_weights": ("counts", "seen", "uniform")}
+CHOICES = {"fit_loss": ("cosine_norm", "mse"), "fit_weights": ("counts", "seen", "uniform")}
 
 
 def transplant(model, source_state):
@@ -81,7 +81,7 @@ def fit_lr(step, steps, lr):
     return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def fit(lev, table, weights, loss="mse", steps=1000, lr=1e-3, batch=4096, log_interval=100,
+def fit(lev, table, weights, loss="cosine_norm", steps=1000, lr=1e-3, batch=4096, log_interval=100,
         log=print, seed=0):
     """Fit LEV's parameters, and only those, to table (V, n_embd): Adam over `steps` steps of
     `batch` ids drawn by weights (V,). A frozen LEV (--freeze=embedding) is fitted all the same."""
@@ -120,7 +120,7 @@ def fit(lev, table, weights, loss="mse", steps=1000, lr=1e-3, batch=4096, log_in
 
 
 @torch.no_grad()
-def report(lev, table, weights, counts, loss="mse"):
+def report(lev, table, weights, counts, loss="cosine_norm"):
     """How close LEV came to the table: over all ids, weighted by the fit's weights ({"loss",
     "rel_error", "cosine"}), and per frequency bucket (bucket_report)."""
     emb = lev.table().double().cpu()
@@ -129,20 +129,23 @@ def report(lev, table, weights, counts, loss="mse"):
     rel_error, cosine = closeness(emb, rows)
     overall = {"loss": float(weights @ id_losses(emb, rows, loss, mean_square)),
                "rel_error": float(weights @ rel_error), "cosine": float(weights @ cosine)}
-    return overall, bucket_report(rel_error.numpy(), cosine.numpy(), np.asarray(counts))
+    return overall, bucket_report(rel_error.numpy(), cosine.numpy(), rows.norm(dim=-1).numpy(),
+                                  np.asarray(counts))
 
 
-def bucket_report(rel_error, cosine, counts):
-    """Per bucket of the training split's counts (eval.py's BUCKETS): {"bucket", "ids", "tokens"}
-    and the relative error and cosine averaged two ways, over the bucket's ids ("rel_error",
-    "cosine") and over its training tokens, each id weighted by its count ("rel_error_tokens",
-    "cosine_tokens"); None where there is nothing to average."""
+def bucket_report(rel_error, cosine, row_norm, counts):
+    """Per bucket of the training split's counts (eval.py's BUCKETS): {"bucket", "ids", "tokens"},
+    the table rows' mean norm ||T_i|| over the bucket's ids ("row_norm": how much a row weighs
+    in mse), and the relative error and cosine averaged two ways, over the bucket's ids
+    ("rel_error", "cosine") and over its training tokens, each id weighted by its count
+    ("rel_error_tokens", "cosine_tokens"); None where there is nothing to average."""
     which = np.searchsorted(BUCKET_LOWER, counts, side="right") - 1
     rows = []
     for b, name in enumerate(BUCKETS):
         mask = which == b
         n, tokens = int(mask.sum()), int(counts[mask].sum())
-        row = {"bucket": name, "ids": n, "tokens": tokens}
+        row = {"bucket": name, "ids": n, "tokens": tokens,
+               "row_norm": float(row_norm[mask].mean()) if n else None}
         for key, values in (("rel_error", rel_error), ("cosine", cosine)):
             row[key] = float(values[mask].mean()) if n else None
             row[f"{key}_tokens"] = (float(values[mask] @ counts[mask]) / tokens if tokens
@@ -156,10 +159,11 @@ def format_buckets(rows):
     def number(x):
         return "-" if x is None else f"{x:.4f}"
 
-    lines = [f"{'bucket':>8} {'ids':>8} {'tokens':>10} | over ids: rel error, cosine | "
-             f"over tokens: rel error, cosine"]
+    lines = [f"{'bucket':>8} {'ids':>8} {'tokens':>10} {'row norm':>8} | over ids: rel error, "
+             f"cosine | over tokens: rel error, cosine"]
     for r in rows:
-        lines.append(f"{r['bucket']:>8} {r['ids']:>8,} {r['tokens']:>10,} | "
+        lines.append(f"{r['bucket']:>8} {r['ids']:>8,} {r['tokens']:>10,} "
+                     f"{number(r['row_norm']):>8} | "
                      f"{number(r['rel_error']):>19} {number(r['cosine']):>7} | "
                      f"{number(r['rel_error_tokens']):>22} {number(r['cosine_tokens']):>7}")
     return lines

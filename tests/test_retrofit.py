@@ -62,6 +62,29 @@ def test_the_fit_lowers_its_own_loss(loss, kind):
     assert sum(b["ids"] for b in buckets) == lev.vocab_size
 
 
+def test_bucket_report_averages_over_ids_and_over_tokens():
+    # buckets: unseen, unseen, 1-10, 1-10, 11-100, 1k-10k (and none in 101-1k or >10k)
+    counts = torch.tensor([0, 0, 3, 5, 20, 2000]).numpy()
+    rel_error = torch.tensor([0.9, 0.7, 0.2, 0.6, 0.3, 0.1]).numpy()
+    cosine = torch.tensor([0.1, 0.3, 0.9, 0.5, 0.8, 1.0]).numpy()
+    row_norm = torch.tensor([1.0, 3.0, 2.0, 4.0, 0.5, 6.0]).numpy()
+    rows = {r["bucket"]: r for r in retrofit.bucket_report(rel_error, cosine, row_norm, counts)}
+    assert rows["unseen"]["ids"] == 2 and rows["unseen"]["tokens"] == 0
+    assert rows["unseen"]["rel_error"] == pytest.approx(0.8)
+    assert rows["unseen"]["row_norm"] == pytest.approx(2.0)
+    assert rows["unseen"]["rel_error_tokens"] is None and rows["unseen"]["cosine_tokens"] is None
+    seldom = rows["1-10"]
+    assert (seldom["ids"], seldom["tokens"], seldom["row_norm"]) == (2, 8, pytest.approx(3.0))
+    assert seldom["rel_error"] == pytest.approx(0.4) and seldom["cosine"] == pytest.approx(0.7)
+    assert seldom["rel_error_tokens"] == pytest.approx((3 * 0.2 + 5 * 0.6) / 8)
+    assert seldom["cosine_tokens"] == pytest.approx((3 * 0.9 + 5 * 0.5) / 8)
+    assert rows["1k-10k"]["tokens"] == 2000 and rows["1k-10k"]["cosine_tokens"] == pytest.approx(1)
+    empty = rows["101-1k"]
+    assert empty["ids"] == 0 and empty["row_norm"] is None and empty["rel_error"] is None
+    lines = retrofit.format_buckets(list(rows.values()))
+    assert len(lines) == 1 + len(dataset.BUCKETS) and "row norm" in lines[0]
+
+
 def test_a_frozen_lev_is_fitted_and_stays_frozen():
     lev = tiny_lev(kernels="torch")
     lev.requires_grad_(False)
@@ -122,7 +145,7 @@ def test_the_swap_keeps_the_source_and_puts_lev_table_at_the_input(tmp_path, cha
     # the origin and the fit's figures: in ckpt.pt and in the step-0 record
     fitted = rf["origin"]["retrofit"]
     assert rf["origin"]["embedding"] == src["model_config"]["embedding"]
-    assert {"fit_steps": 20, "fit_batch": 64, "fit_lr": 3e-3, "fit_loss": "mse",
+    assert {"fit_steps": 20, "fit_batch": 64, "fit_lr": 3e-3, "fit_loss": "cosine_norm",
             "fit_weights": "counts"}.items() <= fitted.items()
     assert 0 < fitted["loss"] and -1 <= fitted["cosine"] <= 1 and len(fitted["buckets"]) == 6
     (record,) = read_log(tmp_path / "rf")
