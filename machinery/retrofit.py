@@ -19,7 +19,7 @@ from machinery.dataset import BUCKET_LOWER, BUCKETS, train_counts
 
 WHEN = "retrofit (--init_from=RUN of a tied or untied run, with --embedding=lev)"
 SETTINGS = {
-    "fit_steps": (1000, f"{WHEN}: Adam steps fitting LEV alone to the source's input table, "
+    "fit_steps": (4000, f"{WHEN}: Adam steps fitting LEV alone to the source's input table, "
                         f"before the whole model fine-tunes"),
     "fit_lr": (1e-3, "retrofit: the fit's peak learning rate (linear warmup over its first 5% of "
                      "steps, then cosine decay to a tenth)"),
@@ -81,7 +81,7 @@ def fit_lr(step, steps, lr):
     return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def fit(lev, table, weights, loss="cosine_norm", steps=1000, lr=1e-3, batch=4096, log_interval=100,
+def fit(lev, table, weights, loss="cosine_norm", steps=4000, lr=1e-3, batch=4096, log_interval=100,
         log=print, seed=0):
     """Fit LEV's parameters, and only those, to table (V, n_embd): Adam over `steps` steps of
     `batch` ids drawn by weights (V,). A frozen LEV (--freeze=embedding) is fitted all the same."""
