@@ -226,11 +226,12 @@ class Trainer:
         self.origin = {"checkpoint": source["path"], "step": source.get("step"),
                        "dataset": source["meta"].get("dataset"),
                        "embedding": source["model_config"]["embedding"]}
-        if source["retrofit"]:
-            checkpoints.build_model(source, source["path"], GPT, Config)  # its checks
-            self.fit_table = retrofit.transplant(lev_model, source["model"])
-            return lev_model.train()
-        return checkpoints.build_model(source, source["path"], GPT, Config).train()
+        # built also for a retrofit: building checks the source (its settings, weights, finiteness)
+        model = checkpoints.build_model(source, source["path"], GPT, Config)
+        if not source["retrofit"]:
+            return model.train()
+        self.fit_table = retrofit.transplant(lev_model, source["model"])
+        return lev_model.train()
 
     def resume(self, ckpt):
         s, procs = self.s, self.procs

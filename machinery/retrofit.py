@@ -61,12 +61,17 @@ def closeness(emb, rows):
     return rel_error, F.cosine_similarity(emb, rows, dim=-1, eps=1e-30)
 
 
+def weighted_mean_square(weights, rows):
+    """The rows' mean squared norm sum_i w_i ||T_i||^2 (weights: (V,) float64), as a float."""
+    return float(weights @ rows.double().pow(2).sum(-1).cpu())
+
+
 def id_losses(emb, rows, kind, mean_square):
     """fit_loss per id. mse is divided by the rows' weighted mean squared norm, so that 1 is the
     loss of an all-zero LEV whatever the table's scale."""
     if kind == "mse":
         return (emb - rows).pow(2).sum(-1) / mean_square
-    rel_error, cosine = closeness(emb, rows)
+    cosine = F.cosine_similarity(emb, rows, dim=-1, eps=1e-30)
     norms = rows.norm(dim=-1).clamp_min(1e-30)
     return (1 - cosine) + ((emb.norm(dim=-1) - norms) / norms) ** 2
 
@@ -90,7 +95,7 @@ def fit(lev, table, weights, loss="cosine_norm", steps=4000, lr=1e-3, batch=4096
     for p in params:
         p.requires_grad_(True)
     table = table.to(lev.codebooks.device, lev.codebooks.dtype)
-    mean_square = float(weights @ table.double().pow(2).sum(-1).cpu())
+    mean_square = weighted_mean_square(weights, table)
     optimizer = torch.optim.Adam(params, lr=lr)
     generator = torch.Generator().manual_seed(seed)
     t_log, since_log = time.time(), 0
@@ -125,7 +130,7 @@ def report(lev, table, weights, counts, loss="cosine_norm"):
     "rel_error", "cosine"}), and per frequency bucket (bucket_report)."""
     emb = lev.table().double().cpu()
     rows = table.double().cpu()
-    mean_square = float(weights @ rows.pow(2).sum(-1))
+    mean_square = weighted_mean_square(weights, rows)
     rel_error, cosine = closeness(emb, rows)
     overall = {"loss": float(weights @ id_losses(emb, rows, loss, mean_square)),
                "rel_error": float(weights @ rel_error), "cosine": float(weights @ cosine)}
