@@ -179,12 +179,25 @@ def report_speed(args, model, device, seconds, seconds_after_first):
     kv_state = "off" if args.no_kv_cache else "on"
     is_lev = model.config.embedding == "lev"
     arm = model.config.embedding
-    lev_state = ("off" if args.no_lev_cache else "on") if is_lev else f"n/a ({arm} arm)"
+    # LEV's per-id cache belongs to the fast decoder: gone with it when it stepped aside
+    lev_cached = not args.no_lev_cache and model.fast_decoding is not None
+    lev_state = ("on" if lev_cached else "off") if is_lev else f"n/a ({arm} arm)"
     threads = torch.get_num_threads()
     print(f"sample.py: {rate}; {args.num_samples} x {args.max_new_tokens} new tokens, "
           f"kv_cache={kv_state}, lev_cache={lev_state}, device={device}, threads={threads}, "
-          f"compile={'on' if args.compile else 'off'}, fast_paths={'off' if args.plain else 'on'}",
+          f"compile={'on' if args.compile else 'off'}, fast_paths={fast_paths_state(model, args)}",
           file=sys.stderr)
+
+
+def fast_paths_state(model, args):
+    """on, off (--plain), or which of them stepped aside for an edited leviathan.py."""
+    if args.plain:
+        return "off"
+    hooks = {"decoding": model.fast_decoding}
+    if model.config.embedding == "lev":
+        hooks["lev"] = model.tok_emb.fast_embed
+    aside = [name for name, hook in hooks.items() if hook is None]
+    return f"on except {'+'.join(aside)} (leviathan.py edited)" if aside else "on"
 
 
 def main(argv=None):

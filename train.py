@@ -181,10 +181,12 @@ class Trainer:
         runs.freeze(self.model, set(filter(None, s["freeze"].split(","))))
         if not any(p.requires_grad for p in self.model.parameters()):
             raise SettingsError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
+        self.model.to(procs.device)
+        # the fast paths, each checked against leviathan.py as it stands on this device (an edited
+        # model runs as written where they differ, said in one line); training does not generate
         set_runtime(self.model, lev_fast=s["lev_fast"], lev_chunk=s["lev_chunk"],
                     lev_compile=s["lev_compile"], lev_c_kernels=s["lev_c_kernels"],
-                    lean_head=s["lean_head"])
-        self.model.to(procs.device)
+                    lean_head=s["lean_head"], fast_decoding=False, say=procs.note)
         self.grad_stats = GradStats(self.model, s["grad_clip"])  # empty at a resume: not saved
         self.optimizer = self.new_optimizer(s["lev_lr_scale"], s["lev_wd_scale"])
         self.scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")

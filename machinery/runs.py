@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import string
+import sys
 
 import torch
 
@@ -233,6 +234,10 @@ class Processes:
     def log(self, *args, **kwargs):
         if self.master:
             print(*args, **kwargs)
+
+    def note(self, line):
+        """One line on stderr, from the first process only."""
+        self.log(line, file=sys.stderr, flush=True)
 
 
 class Data:

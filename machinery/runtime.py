@@ -11,11 +11,13 @@ import torch
 
 from machinery.decoder import FastDecoding
 from machinery.fast_lev import FastEmbedder
+from machinery.fast_path_check import check_fast_paths, say_on_stderr
 from machinery.lean_head import linear_cross_entropy
 
 
 def set_runtime(model, lev_fast=True, lev_chunk=64, lev_c_kernels=True, lev_compile=True,
-                lean_head=False, fast_decoding=True, compile_decode=False, lev_cache=True):
+                lean_head=False, fast_decoding=True, compile_decode=False, lev_cache=True,
+                check=True, say=say_on_stderr):
     """Install (or remove) the fast paths of a model; each call sets all of them. The defaults are
     what a model of this project has always run with when nothing else was said: LEV's fast path,
     the plain head (the loss with all the logits; train.py turns the lean head on) and the fast
@@ -27,6 +29,9 @@ def set_runtime(model, lev_fast=True, lev_chunk=64, lev_c_kernels=True, lev_comp
       fast_decoding: generation's one-token steps through the Decoder, with the head laid out for
         them; lev_cache: there, each id's LEV embedding computed once per call; compile_decode: the
         one-token steps through torch.compile (GPT.backbone compiled) in place of the Decoder.
+      check: check each fast path against the model's own code as it stands, on the model's device
+        (fast_path_check.py): one that differs (leviathan.py was edited) is removed, with one line
+        through say. Install on the model where it will run, after its weights are loaded.
     """
     if model.config.embedding == "lev":
         model.tok_emb.fast_embed = (FastEmbedder(lev_chunk, lev_c_kernels, lev_compile) if lev_fast
@@ -34,4 +39,6 @@ def set_runtime(model, lev_fast=True, lev_chunk=64, lev_c_kernels=True, lev_comp
     model.fast_loss = linear_cross_entropy if lean_head else None
     compiled = torch.compile(model.backbone) if compile_decode else None
     model.fast_decoding = FastDecoding(lev_cache, compiled) if fast_decoding else None
+    if check:
+        check_fast_paths(model, say)
     return model

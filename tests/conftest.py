@@ -103,16 +103,35 @@ def make_tiny_encoding():
                              mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={})
 
 
+def fast_path_check_running(monkeypatch):
+    """A list that is non-empty while the fast paths' check at install runs (set_runtime's
+    check_fast_paths, machinery/fast_path_check.py): it runs the model on its probes, and a test
+    that counts the model's calls leaves those out."""
+    from machinery import runtime
+
+    check, running = runtime.check_fast_paths, []
+
+    def marked_check(*args, **kwargs):
+        running.append(1)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(runtime, "check_fast_paths", marked_check)
+    return running
+
+
 def spoil_training_loss(monkeypatch, spoil, at_call=4):
     """Make GPT.forward return spoil(loss) instead of the loss at its at_call-th call in training
-    mode (evaluation calls are not counted): a divergence injected at a known step, in this
-    project's own model, not in torch."""
+    mode (evaluation calls are not counted, nor those of the fast paths' check): a divergence
+    injected at a known step, in this project's own model, not in torch."""
     forward = leviathan.GPT.forward
-    training_calls = []
+    training_calls, checking = [], fast_path_check_running(monkeypatch)
 
     def spoiled_forward(self, *args, **kwargs):
         logits, loss = forward(self, *args, **kwargs)
-        if self.training:
+        if self.training and not checking:
             training_calls.append(1)
             if len(training_calls) == at_call:
                 loss = spoil(loss)

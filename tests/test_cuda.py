@@ -202,6 +202,24 @@ def test_lean_head_equals_full_cross_entropy(arm, monkeypatch):
 
 
 @ARMS
+@pytest.mark.usefixtures("compiling")
+@pytest.mark.parametrize("n_embd", [64, 384])
+def test_no_false_alarm_under_bf16_autocast(arm, n_embd):
+    """The unedited model keeps every fast path on the GPU, installed as train.py (training mode,
+    the lean head, LEV's compiled kernels) and sample.py (eval mode, the decoder) install them,
+    under bf16 autocast: the check (machinery/fast_path_check.py) finds only float noise."""
+    torch.manual_seed(0)
+    config = Config(vocab_size=50257, block_size=256, n_layer=2, n_head=n_embd // 64,
+                    n_embd=n_embd, embedding=arm)
+    model = GPT(config).to(DEVICE)
+    lines = []
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        set_runtime(model, lean_head=True, fast_decoding=False, say=lines.append)
+        set_runtime(model.eval(), lev_compile=False, say=lines.append)
+    assert lines == []
+
+
+@ARMS
 @pytest.mark.parametrize("prompt_len", [5, 40])
 def test_kv_cache_generation_equals_uncached(arm, prompt_len):
     """Greedy tokens with the KV cache (and LEV's embedding cache) equal those of full forward

@@ -340,6 +340,27 @@ def test_generate_until_gives_sample_py_tokens(lm_eval, char_run, capsys):
     assert drawn != greedy
 
 
+def test_an_edited_block_generates_as_written(lm_eval, char_run, capsys, monkeypatch):
+    """An edit of the model's MLP (made in-process here; tests/test_edits.py edits a copy of
+    leviathan.py): the adapter's fast decoder steps aside with one line, and generation gives the
+    tokens of plain=true."""
+    from lm_eval.api.instance import Instance
+
+    import leviathan
+    from machinery.harness import register
+
+    def gelu_mlp(self, x):
+        return self.dropout(self.down(torch.nn.functional.gelu(self.gate(x)) * self.up(x)))
+
+    monkeypatch.setattr(leviathan.SwiGLU, "forward", gelu_mlp)
+    request = Instance("generate_until", {}, ("To be", {"until": [], "max_gen_toks": 20}), 0)
+    texts = [register(GPT, Config)(run=str(char_run), device="cpu", plain=plain)
+             .generate_until([request])[0] for plain in (False, True)]
+    assert texts[0] == texts[1] and len(texts[0]) == 20
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: the fast decoder (machinery/decoder.py)")
+
+
 def test_the_command_line_scores_as_eval_py_task(lm_eval, world, char_run, tmp_path):
     """python harness.py with the harness's usual flags: its table, its results file, and the
     figures of eval.py --task. (Its start is lm_eval's: an index of the harness's own tasks.)"""

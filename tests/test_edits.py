@@ -1,0 +1,229 @@
+"""What you edit is what runs: real edits of leviathan.py, each applied by text to a copy of the
+project; then train.py, sample.py and eval.py run with their defaults and with the plain path, and
+must agree. Every fast path that an edit leaves behind steps aside with one line; those it reaches
+stay on, silently (machinery/fast_path_check.py). And the check itself: no false alarm on the
+unedited model, nothing it touches changed, a probe that fails falls back in one line.
+
+Run:  python -m pytest -q tests/test_edits.py
+"""
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, tiny_model
+
+from machinery import fast_path_check
+from machinery.fast_path_check import check_fast_paths
+from machinery.runtime import set_runtime
+
+# name -> (the fast paths expected to step aside, the text replaced, its replacement); each text
+# stands once in leviathan.py
+EDITS = {
+    # LEV: the spline basis, its ends only, the product; then one that LEV's fast path follows
+    "spline basis": ({"lev"}, "0.75 - delta ** 2", "0.9 - delta ** 2"),
+    "basis at the ends": ({"lev"}, "return w / w.sum(-1, keepdim=True) if normalize else w",
+                          "return w / w.sum(-1, keepdim=True).clamp(min=0.95) if normalize else w"),
+    "product": ({"lev"}, "E = self.mix_heads(sign * log_abs.exp())",
+                "E = self.mix_heads(sign * (0.5 * log_abs).exp())"),
+    "coordinates (followed)": (set(), "return torch.sigmoid(x / 2)", "return torch.sigmoid(x)"),
+    # a block: the MLP, the attention, the rotary positions, a norm (followed by the decoder)
+    "MLP activation": ({"decoding"}, "F.silu(self.gate(x))", "F.gelu(self.gate(x))"),
+    "attention sharpened": ({"decoding"},
+                            "        v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, T, hs)\n",
+                            "        v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, T, hs)\n"
+                            "        q = 2.0 * q\n"),
+    "rotary the other way": ({"decoding"}, "x1 * cos - x2 * sin, x1 * sin + x2 * cos",
+                             "x1 * cos + x2 * sin, x2 * cos - x1 * sin"),
+    "norm's eps (followed)": (set(), "F.rms_norm(x, x.shape[-1:], self.weight, self.eps)",
+                              "F.rms_norm(x, x.shape[-1:], self.weight, 0.1)"),
+    # the final norm, the input scale, the head and its loss
+    "final norm scaled": ({"decoding"}, "        return self.norm(x)\n",
+                          "        return 1.5 * self.norm(x)\n"),
+    "embedding scaled": ({"decoding"}, "            return self.tok_emb(idx)  # LEV checks",
+                         "            return 2.0 * self.tok_emb(idx)  # LEV checks"),
+    "label smoothing": ({"loss"}, "ignore_index=-1, reduction=reduction)",
+                        "ignore_index=-1, reduction=reduction,\n"
+                        "                               label_smoothing=0.1)"),
+    "z-loss": ({"loss"}, "        return logits, loss.view(B, T) if reduction",
+               "        z = torch.logsumexp(wide, -1).square() * (targets.reshape(-1) != -1)\n"
+               "        loss = loss + 1e-4 * (z.sum() / (targets != -1).sum() if reduction == "
+               "'mean' else z)\n"
+               "        return logits, loss.view(B, T) if reduction"),
+    "logit soft-cap": ({"decoding"}, "return self.lm_head(x[:, [-1], :]), None",
+                       "return 3 * torch.tanh(self.lm_head(x[:, [-1], :]) / 3), None"),
+}
+SCRIPTS = ["leviathan.py", "train.py", "sample.py", "eval.py", "bench.py", "machinery"]
+
+
+def edited_copy(folder, *edits):
+    """The project's scripts and machinery/ in folder, with each edit's (old, new) applied to its
+    leviathan.py: old replaced by new."""
+    folder.mkdir()
+    for name in SCRIPTS:
+        source = Path(ROOT) / name
+        if source.is_dir():
+            shutil.copytree(source, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, folder / name)
+    model_file = folder / "leviathan.py"
+    text = model_file.read_text(encoding="utf-8")
+    for old, new in edits:
+        assert text.count(old) == 1, f"an edit's text stands {text.count(old)} times in the file"
+        text = text.replace(old, new)
+    model_file.write_text(text, encoding="utf-8")
+    return folder
+
+
+def run_edited(folder, data, arm):
+    """tests/edited_runs.py in the copy -> (its results, its stderr lines)."""
+    env = {**os.environ, "PYTHONPATH": ""}
+    done = subprocess.run([sys.executable, str(Path(ROOT) / "tests" / "edited_runs.py"), str(data),
+                           arm], cwd=folder, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr.splitlines()
+
+
+def stepped_aside(lines):
+    """Which fast paths said they stepped aside."""
+    names = {part: fast for part, (fast, _, _) in fast_path_check.PARTS.items()}
+    return {part for part, fast in names.items()
+            for line in lines if line.startswith(f"note: {fast} ")}
+
+
+def assert_default_equals_plain(results):
+    default, plain = results["default"], results["plain"]
+    assert default["val_losses"] == pytest.approx(plain["val_losses"], rel=1e-5)
+    assert default["eval_val_loss"] == pytest.approx(plain["eval_val_loss"], rel=1e-5)
+    assert default["text"] == plain["text"]
+
+
+@pytest.mark.parametrize("name", EDITS)
+def test_an_edited_model_runs_as_written(name, tmp_path, char_data):
+    expected, old, new = EDITS[name]
+    folder = edited_copy(tmp_path / "copy", (old, new))
+    results, lines = run_edited(folder, char_data, "lev")
+    assert_default_equals_plain(results)
+    assert stepped_aside(lines) == expected, "\n".join(lines)
+    notes = [line for line in lines if line.startswith("note: ")]
+    assert all("runs as written" in line and line.count("\n") == 0 for line in notes)
+
+
+def test_the_unedited_model_keeps_every_fast_path_and_says_nothing(tmp_path, char_data):
+    folder = edited_copy(tmp_path / "copy")
+    results, lines = run_edited(folder, char_data, "lev")
+    assert_default_equals_plain(results)
+    assert not any(line.startswith("note: ") for line in lines), "\n".join(lines)
+
+
+def test_bench_times_only_the_fast_paths_that_follow_an_edit(tmp_path):
+    """bench.py in a copy whose spline and MLP were edited: LEV's table times the plain recipe
+    alone, and the generation table runs the model as written, each said in one line."""
+    edits = [EDITS[name][1:] for name in ("spline basis", "MLP activation")]
+    folder = edited_copy(tmp_path / "copy", *edits)
+    toy = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16",
+           "--block_size=8", "--lev_ids=40", "--lev_embd=8", "--plain_max=10", "--gen_tokens=4",
+           "--gen_rounds=1", "--tables=lev,gen", "--embedding=lev", "--no-gen_compile"]
+    done = subprocess.run([sys.executable, "bench.py", *toy], cwd=folder, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (done.stdout + done.stderr).splitlines()
+    assert stepped_aside(lines) == {"lev", "decoding"}
+    assert "| LEV plain recipe (LEV.reference), 10 distinct ids |" in done.stdout
+    assert "LEV fast path" not in done.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# the check itself, in-process
+
+
+def installed(model):
+    return {"lev": getattr(model.tok_emb, "fast_embed", None) is not None,
+            "loss": model.fast_loss is not None, "decoding": model.fast_decoding is not None}
+
+
+@pytest.mark.parametrize("arm", ["lev", "tied", "untied"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("training", [True, False])
+def test_no_false_alarm_on_the_unedited_model(arm, dtype, training):
+    # dropout in training: both sides of a probe draw the same masks
+    model = tiny_model(arm, dropout=0.1 if training else 0.0).to(dtype).train(training)
+    lines = []
+    set_runtime(model, lean_head=True, lev_compile=False, say=lines.append)
+    assert lines == []
+    assert installed(model) == {"lev": arm == "lev", "loss": True, "decoding": True}
+
+
+def test_no_false_alarm_after_training_nor_under_bf16_autocast():
+    """Trained weights (larger, less regular than at init), and a run under bf16 autocast: the check
+    itself runs in plain float32 either way."""
+    model = tiny_model("lev")
+    set_runtime(model, lean_head=True, lev_compile=False, check=False)
+    optimizer = model.configure_optimizers(0.1, 3e-2)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(model.config.vocab_size, (4, 17), generator=generator)
+    for _ in range(20):
+        model(ids[:, :-1], ids[:, 1:])[1].backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    lines = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        found = check_fast_paths(model, say=lines.append)
+    assert lines == [] and set(found) == {"lev", "loss", "decoding"}
+
+
+def test_the_check_changes_nothing():
+    """No weight, .grad, random state or TF32 flag changes, and training is bit-identical with the
+    check and without it."""
+    model = tiny_model("lev", dropout=0.1)
+    twin = copy.deepcopy(model)
+    torch.manual_seed(5)
+    rng = torch.get_rng_state()
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    set_runtime(model, lean_head=True, lev_compile=False)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == flags
+    assert all(p.grad is None for p in model.parameters())
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+    set_runtime(twin, lean_head=True, lev_compile=False, check=False)
+    for m in (model, twin):
+        torch.manual_seed(7)
+        m.losses = []
+        optimizer = m.configure_optimizers(0.1, 1e-2)
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(m.config.vocab_size, (2, 17), generator=generator)
+        for _ in range(3):
+            loss = m(ids[:, :-1], ids[:, 1:])[1]
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            m.losses.append(loss.item())
+    assert model.losses == twin.losses
+
+
+def test_a_probe_that_fails_falls_back_to_the_model_in_one_line():
+    model = tiny_model("tied")
+    set_runtime(model, check=False)
+    model.fast_loss = lambda *args, **kwargs: 1 / 0  # a fast path that breaks on this model
+    lines = []
+    found = check_fast_paths(model, say=lines.append)
+    assert isinstance(found["loss"], ZeroDivisionError) and model.fast_loss is None
+    assert len(lines) == 1 and "could not be checked" in lines[0]
+    assert "ZeroDivisionError" in lines[0]
+    assert model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1] > 0
+
+
+def test_a_difference_is_measured_relative_to_the_plain_values():
+    plain = torch.tensor([1.0, -4.0, 2.0])
+    assert fast_path_check.relative_difference(plain + 0.04, plain) == pytest.approx(0.01)
+    assert fast_path_check.relative_difference(plain[:2], plain) == float("inf")
+    nan = torch.tensor([1.0, float("nan"), 2.0])
+    assert fast_path_check.relative_difference(plain, nan) == float("inf")
+    assert fast_path_check.relative_difference(nan, nan) == 0.0
