@@ -196,7 +196,9 @@ class LEV(nn.Module):
 
     def seed(self, idx):
         digits = self.digits(idx)  # (..., k)
-        rows = (self.codebooks[i][digits[..., i]] for i in range(digits.shape[-1]))
+        # F.embedding, not indexing: its backward sums repeated rows in a fixed order on any number
+        # of CPU threads (indexing's does not), so that a resumed run repeats bit for bit
+        rows = (F.embedding(digits[..., i], self.codebooks[i]) for i in range(digits.shape[-1]))
         return sum(rows)  # (..., d_seed)
 
     def unit_coords(self, z):
@@ -234,7 +236,7 @@ class LEV(nn.Module):
         ids, inverse = torch.unique(idx.reshape(-1), return_inverse=True)
         check_ids(ids[0], ids[-1], self.vocab_size)  # sorted: the extremes are enough
         emb = (embed_distinct or self.embed_distinct)(ids)  # (U, n_embd)
-        return emb[inverse].view(*idx.shape, self.n_embd)
+        return F.embedding(inverse, emb).view(*idx.shape, self.n_embd)  # as in seed: deterministic
 
     def embed_distinct(self, ids):
         """ids: (U,) distinct -> (U, n_embd), the recipe RECIPE_CHUNK ids at a time."""

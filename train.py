@@ -379,14 +379,16 @@ class Trainer:
         return step_loss, grad_norm, clipped(clip_norm, s["grad_clip"]), stop, lr
 
 
-def train_loop(trainer, fast_model, train_model, stop_signal):
-    """Evaluate + save every eval_interval steps, step, print progress; returns the exit code."""
+def train_loop(trainer, fast_model, train_model, stop_signal, evaluated=None):
+    """Evaluate + save every eval_interval steps (but not at step `evaluated`, already in the log),
+    step, print progress; returns the exit code."""
     s, procs = trainer.s, trainer.procs
     max_iters, eval_interval = s["max_iters"], s["eval_interval"]
     tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
     t_log, steps_since_log, clipped_since_log, trainer.last_eval_s = time.time(), 0, 0, 0.0
     while True:
-        if trainer.step % eval_interval == 0 or trainer.step == max_iters:
+        due = trainer.step % eval_interval == 0 or trainer.step == max_iters
+        if due and trainer.step != evaluated:
             if not trainer.evaluate_and_save(fast_model):
                 return 1
             t_log = time.time()  # progress lines time the training steps only
@@ -427,8 +429,10 @@ def train(s, explicit):
     # joining the group waits for every process: all have checked out_dir before log.jsonl exists
     if procs.ddp:
         dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
+    resuming = s["init_from"] == "resume"
+    evaluated = trainer.step if resuming and runs.logged(trainer.log_path, trainer.step) else None
     if procs.master:
-        runs.start_log(trainer.log_path, s["init_from"] == "resume", trainer.step)
+        runs.start_log(trainer.log_path, resuming, trainer.step)
     runs.report_start(trainer, s)
     if trainer.fit_table is not None:  # a retrofit: fit LEV to the source's table, then free it
         trainer.origin["retrofit"] = retrofit.retrofit(trainer.model.tok_emb, trainer.fit_table,
@@ -441,7 +445,7 @@ def train(s, explicit):
                    if procs.ddp else fast_model)
     try:
         with runs.stop_requests() as stop_signal:  # Ctrl-C or SIGTERM: finish the step, save, stop
-            return train_loop(trainer, fast_model, train_model, stop_signal)
+            return train_loop(trainer, fast_model, train_model, stop_signal, evaluated)
     finally:
         if procs.ddp:
             del train_model  # DDP uses the process group: release it first
@@ -453,12 +457,17 @@ def main(argv=None):
     if "-h" in argv or "--help" in argv:
         print(help_text(__doc__, SETTINGS))
         return 0
+    settings = None
     try:
         settings, explicit = parse_args(argv, SETTINGS, CHOICES, "train.py")
         runs.check_settings(settings, MODEL, Config)
         return train(settings, explicit)
+    except KeyboardInterrupt:  # outside the training loop (which saves, then stops): at once
+        if os.environ.get("RANK", "0") == "0":
+            print(f"train.py: stopped (Ctrl-C); {runs.what_was_kept(settings)}", file=sys.stderr)
+        return 130
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint (SettingsError included)
-        message = cli.one_line(e)
+        message = cli.one_line(e) + runs.advice_for_os_error(e)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not isinstance(e, MemoryError) and "memory" not in str(e):
             raise  # a bug, not the machine's limit: its traceback is what a report needs

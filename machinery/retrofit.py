@@ -184,8 +184,14 @@ def retrofit(lev, table, train_tokens, s, log=print):
     log(f"retrofit: fitting LEV to the source's input table ({table.shape[0]:,} x "
         f"{table.shape[1]}), {', '.join(f'{k} {v}' for k, v in settings.items())}")
     t_start = time.time()
-    fit(lev, table, weights, s["fit_loss"], s["fit_steps"], s["fit_lr"], s["fit_batch"],
-        s["log_interval"], log, s["seed"])
+    try:
+        fit(lev, table, weights, s["fit_loss"], s["fit_steps"], s["fit_lr"], s["fit_batch"],
+            s["log_interval"], log, s["seed"])
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not isinstance(e, MemoryError) and "memory" not in str(e):
+            raise
+        raise ValueError(f"the retrofit's fit ran out of memory with fit_batch={s['fit_batch']} "
+                         f"ids per step; lower --fit_batch (the default is 4096)") from None
     overall, buckets = report(lev, table, weights, counts, s["fit_loss"])
     seconds = round(time.time() - t_start, 3)
     log(f"retrofit: LEV against the table, weighted by fit_weights: loss {overall['loss']:.4f}, "

@@ -7,6 +7,7 @@ the script.
 """
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -38,6 +39,8 @@ def check_settings(s, model_table, Config):
     for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval",
                 "lev_chunk", "fit_batch"):
         need(s[key] >= 1, f"{key}={s[key]} must be at least 1")
+    need(s["fit_batch"] < 2 ** 31, f"fit_batch={s['fit_batch']} must be below 2^31 (ids per fit "
+                                   f"step; the default is 4096)")
     for key in ("max_iters", "eval_iters", "warmup_iters", "lr_decay_iters", "min_lr",
                 "weight_decay", "grad_clip", "fit_steps"):
         need(s[key] >= 0, f"{key}={s[key]} must be >= 0")
@@ -72,6 +75,10 @@ def resolve_run(s, explicit, table, choices, model_table, Config):
     """Fill in out_dir, check it, and for a resumed run load the checkpoint and take its settings
     (files and flags on top). Returns the checkpoint to resume or fine-tune (None for a scratch
     run)."""
+    for key in ("lev_c_kernels", "lev_compile"):  # refused rather than silently ignored
+        if key in explicit and not s["lev_fast"]:
+            raise SettingsError(f"{key}={s[key]} is a setting of LEV's fast path, and "
+                                f"lev_fast=False runs none; drop --{key}")
     warmup, decay = s["warmup_iters"], s["lr_decay_iters"]
     if s["init_from"] != "resume" and 0 < decay < warmup:  # a resume keeps its own schedule
         raise SettingsError(f"warmup_iters={warmup} must not exceed lr_decay_iters={decay}")
@@ -87,12 +94,12 @@ def resolve_run(s, explicit, table, choices, model_table, Config):
     cli.check_output_dir(s["out_dir"], "out_dir")
     ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
     if s["init_from"] != "resume":  # a new run: from scratch, or fine-tuning a checkpoint
-        held = [name for name in ("ckpt.pt", "log.jsonl")
-                if os.path.exists(os.path.join(s["out_dir"], name))]
-        if held and not s["overwrite"]:
-            raise SettingsError(f"{s['out_dir']} already holds a run ({' and '.join(held)}); "
-                                f"continue it with --init_from=resume, train into another "
-                                f"--out_dir, or pass --overwrite to replace it")
+        # a run is a checkpoint: a log.jsonl alone is a run that stopped before its first save
+        # (Ctrl-C or a failure during the retrofit's fit, say), and the same command starts anew
+        if os.path.exists(ckpt_path) and not s["overwrite"]:
+            raise SettingsError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
+                                f"--init_from=resume, train into another --out_dir, or pass "
+                                f"--overwrite to replace it")
         s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed now: a resume keeps it
         if source is not None and (os.path.realpath(os.path.dirname(source["path"]))
                                    == os.path.realpath(s["out_dir"])):
@@ -100,6 +107,10 @@ def resolve_run(s, explicit, table, choices, model_table, Config):
                                 f"fine-tune into another --out_dir (or continue that run with "
                                 f"--init_from=resume)")
         return source
+    if not os.path.isfile(ckpt_path):
+        raise SettingsError(f"{s['out_dir']} holds no ckpt.pt to resume (a run stopped before its "
+                            f"first save keeps none); start it again without --init_from=resume, "
+                            f"or fix --out_dir")
     ckpt, _ = checkpoints.read_checkpoint(ckpt_path, "cpu", for_resume=True)
     # the checkpoint's run settings (one newer than the checkpoint keeps its default), checked: a
     # hand-edit could hold any type
@@ -277,14 +288,22 @@ def all_finite(model):
 
 
 def start_log(log_path, resuming, step):
-    """log.jsonl: a resumed run keeps the records before its step; a scratch run starts anew."""
-    records = read_log(log_path, step) if resuming else []
+    """log.jsonl: a resumed run keeps the records up to its step (a record of a later step belongs
+    to a run that went on after this checkpoint, and the resumed run redoes it); a new run starts
+    anew."""
+    records = read_log(log_path, step + 1) if resuming else []
     with cli.atomic_path(log_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
+def logged(log_path, step):
+    """Whether log.jsonl holds a record of this step: a resumed run does not evaluate it again (the
+    record keeps its gradient statistics, which a resume does not have)."""
+    return any(r["step"] == step for r in read_log(log_path, step + 1))
+
+
 def read_log(path, before_step):
-    """The records of log.jsonl for steps before `before_step` (a resumed run redoes the rest)."""
+    """The records of log.jsonl for steps before `before_step`."""
     if not os.path.isfile(path):
         return []
     records = []
@@ -324,6 +343,27 @@ def report_start(trainer, s):
         procs.log(f"note: the cosine decay ends at step {s['lr_decay_iters']} (lr_decay_iters, "
                   f"kept from the checkpoint), then lr stays at min_lr; pass --lr_decay_iters to "
                   f"change the schedule")
+
+
+def what_was_kept(s):
+    """After a stop outside the training loop: what out_dir holds, and how to go on."""
+    out_dir = s and s["out_dir"]
+    if not out_dir or "{" in out_dir or not os.path.isdir(out_dir):
+        return "nothing was written"
+    if os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
+        return (f"{out_dir}/ckpt.pt keeps the last saved state; continue with --out_dir={out_dir} "
+                f"--init_from=resume")
+    return "no checkpoint was saved yet: the same command starts the run again"
+
+
+def advice_for_os_error(e):
+    """What to do about the machine's refusal to write (a read-only folder, no permission, a full
+    disk), after its message; "" for other errors (they say what to do themselves)."""
+    if getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "; train into a folder you can write to (--out_dir)"
+    if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return "; free disk space or train into another --out_dir (the last ckpt.pt is intact)"
+    return ""
 
 
 def format_seconds(seconds):

@@ -20,9 +20,10 @@ import train  # noqa: E402
 MODEL = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=24", "--lev_seed_dim=16",
          "--lev_heads=2", "--lev_rank=8", "--lev_knots=6"]
 RUN = ["--batch_size=4", "--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--log_interval=1",
-       "--warmup_iters=1", "--learning_rate=1e-2", "--device=cpu", "--lev_compile=False"]
+       "--warmup_iters=1", "--learning_rate=1e-2", "--device=cpu"]
 PLAIN = {"train": ["--lev_fast=False", "--lean_head=False"], "sample": ["--plain"],
          "eval": ["--plain"]}
+DEFAULT = {"train": ["--lev_compile=False"], "sample": [], "eval": []}  # no compiling in tests
 
 
 def main(data_dir, arm):
@@ -30,7 +31,7 @@ def main(data_dir, arm):
     data = [f"--data_dir={data_dir}", "--dataset=tiny_char"]
     results = {}
     for way in ("default", "plain"):
-        flags = {script: PLAIN[script] if way == "plain" else [] for script in PLAIN}
+        flags = PLAIN if way == "plain" else DEFAULT
         out = f"out-{way}"
         print(f"== {way}: train.py", file=sys.stderr, flush=True)
         code = train.main([*data, f"--out_dir={out}", f"--embedding={arm}", *MODEL, *RUN,

@@ -159,7 +159,7 @@ def test_resuming_an_edited_or_foreign_checkpoint_is_refused(tmp_path, char_data
 def test_a_scratch_run_never_replaces_a_run_unless_asked(tmp_path, char_data, run_cli, trained):
     before = (trained / "ckpt.pt").read_bytes()
     code, _, err = train_cli(run_cli, char_data, trained, "--max_iters=1")
-    assert_one_line(code, err, "already holds a run (ckpt.pt and log.jsonl); "
+    assert_one_line(code, err, "already holds a run (ckpt.pt); "
                                "continue it with --init_from=resume", "train.py")
     assert (trained / "ckpt.pt").read_bytes() == before
     code, _, err = train_cli(run_cli, char_data, trained, "--max_iters=1", "--eval_interval=1",

@@ -219,3 +219,35 @@ def test_refusals_are_one_line(tmp_path, char_data, bpe_data, capsys, source):
     for args, message in cases:
         code, _, err = run_train(capsys, char_data, tmp_path / "rf", *args)
         assert code == 2 and err.count("\n") == 1 and message in err, (args, err)
+
+
+# --------------------------------------------------------------------------------------------------
+# A run that stops before its first save strands nothing
+
+
+def test_a_fit_stopped_or_failed_before_the_first_save_strands_nothing(tmp_path, char_data, capsys,
+                                                                      source, monkeypatch):
+    """Ctrl-C during the fit stops in one line; a fit that diverges is refused in one line; after
+    either, out_dir holds a log.jsonl but no checkpoint, which is not a run: the same command
+    starts again and works, and --init_from=resume says there is nothing to resume."""
+    out = tmp_path / "retrofit"
+    args = [f"--init_from={source}", *FIT, "--max_iters=2", "--eval_interval=2"]
+    fit = retrofit.fit
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(retrofit, "fit", interrupted)
+    code, _, err = run_train(capsys, char_data, out, *args)
+    assert code == 130 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("train.py: stopped (Ctrl-C); no checkpoint was saved yet: the same "
+                          "command starts the run again")
+    assert (out / "log.jsonl").exists() and not (out / "ckpt.pt").exists()
+    monkeypatch.setattr(retrofit, "fit", fit)
+    code, _, err = run_train(capsys, char_data, out, *args, "--fit_lr=1e9")
+    assert code == 2 and "lower --fit_lr" in err and err.count("\n") == 1
+    code, _, err = run_train(capsys, char_data, out, "--init_from=resume")
+    assert code == 2 and "holds no ckpt.pt to resume" in err and err.count("\n") == 1
+    code, _, err = run_train(capsys, char_data, out, *args)
+    assert code == 0, err
+    assert [r["step"] for r in read_log(out)] == [0, 2]

@@ -4,6 +4,7 @@ hermetic, CPU).
 Most runs call train.main in-process (importing torch once per process is the slow part here); the
 command line itself runs as a subprocess once, and DDP under torch.distributed.run once."""
 
+import errno
 import json
 import math
 import os
@@ -115,16 +116,31 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
     expected = losses(tmp_path / "straight")
     assert [r[0] for r in expected] == [0, 4, 8]
     assert losses(tmp_path / "split") == expected
-    # the gradient diagnostics restart empty at a resume: none at the step resumed from, then those
-    # of the same steps
+    # the record of the step resumed from is the first run's, kept (with its gradient diagnostics),
+    # not evaluated again; then those of the same steps
     straight, split = read_log(tmp_path / "straight"), read_log(tmp_path / "split")
-    assert split[1]["grad_norm"] is None and straight[1]["grad_norm"] is not None
-    assert [split[2][k] for k in GRAD_KEYS] == [straight[2][k] for k in GRAD_KEYS]
+    assert straight[1]["grad_norm"] is not None
+    for i in (1, 2):
+        assert [split[i][k] for k in GRAD_KEYS] == [straight[i][k] for k in GRAD_KEYS]
     assert losses(tmp_path / "ctrl_c") == expected
     final = weights(tmp_path / "straight")
     for other in ("split", "ctrl_c"):
         resumed = weights(tmp_path / other)
         assert all(torch.equal(final[k], resumed[k]) for k in final), other
+
+
+def test_resuming_a_finished_run_keeps_every_record(tmp_path, char_data, capsys):
+    """A finished run resumed with a larger max_iters (and another eval_interval): log.jsonl keeps
+    every record it had, the last one (the checkpoint's step) as it was, and goes on."""
+    out = tmp_path / "run"
+    assert run_train(capsys, char_data, out, "--max_iters=4", "--eval_interval=2")[0] == 0
+    before = read_log(out)
+    code, _, err = run_train(capsys, char_data, out, "--init_from=resume", "--max_iters=7",
+                             "--eval_interval=3")
+    assert code == 0, err
+    after = read_log(out)
+    assert [r["step"] for r in after] == [0, 2, 4, 6, 7]
+    assert after[:3] == before
 
 
 def test_lev_lr_and_wd_scales_reach_the_optimizer(tmp_path, char_data, capsys):
@@ -301,8 +317,8 @@ def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsy
 def test_lev_fast_off_trains_the_same_function(tmp_path, char_data, capsys):
     """--lev_fast=False runs LEV's recipe as leviathan.py writes it: the same losses as the fast
     path (in float32, up to rounding), and a run setting that a resume keeps."""
-    run = ["--max_iters=2", "--eval_interval=1", "--lev_compile=False"]
-    assert run_train(capsys, char_data, tmp_path / "fast", *run)[0] == 0
+    run = ["--max_iters=2", "--eval_interval=1"]
+    assert run_train(capsys, char_data, tmp_path / "fast", *run, "--lev_compile=False")[0] == 0
     code, _, err = run_train(capsys, char_data, tmp_path / "plain", *run, "--lev_fast=False")
     assert code == 0, err
     for plain, fast in zip(losses(tmp_path / "plain"), losses(tmp_path / "fast"), strict=True):
@@ -437,13 +453,27 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
         ([str(tmp_path / "missing.py")], "No such file"),
         (["--init_from=resume", "--dataset=tiny_bpe"], "trained on char tokens (vocab_size 36)"),
         (["--init_from=resume", "--n_embd=64"], "has n_embd=32, this run asks for 64"),
-        (["--init_from=resume", f"--out_dir={tmp_path / 'none'}"], "no checkpoint at"),
+        (["--init_from=resume", f"--out_dir={tmp_path / 'none'}"], "holds no ckpt.pt to resume"),
+        # a setting that does not apply is refused, not ignored
+        (["--lev_fast=False", "--lev_c_kernels=False"], "lev_c_kernels=False is a setting of "
+                                                        "LEV's fast path, and lev_fast=False"),
+        (["--fit_batch=100000000000000000000"], "fit_batch=100000000000000000000 must be below"),
     ]
     for args, message in cases:
         code, _, err = run_train(capsys, char_data, out, *args)
         assert code == 2, args
         assert (err.startswith("train.py: error: ") and err.count("\n") == 1
                 and message in err), (args, err)
+
+
+def test_the_machine_refusing_to_write_gets_advice():
+    """A read-only out_dir, no permission, a full disk: the OS's own message, then what to do."""
+    for code, advice in [(errno.EROFS, "a folder you can write to"),
+                         (errno.EACCES, "a folder you can write to"),
+                         (errno.ENOSPC, "free disk space")]:
+        error = OSError(code, os.strerror(code), "out/log.jsonl")
+        assert advice in runs.advice_for_os_error(error)
+    assert runs.advice_for_os_error(FileNotFoundError("no checkpoint at x")) == ""
 
 
 def test_settings_files_then_flags_and_the_shipped_configs():
