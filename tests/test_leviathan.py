@@ -580,3 +580,21 @@ def test_checkpoint_with_unknown_settings_is_refused(tmp_path):
     torch.save(ckpt, path)
     with pytest.raises(ValueError, match="n_experts"):
         load_checkpoint(path, GPT, Config)
+
+
+def test_lev_backward_repeats_bit_for_bit_on_two_threads():
+    """Each id's embedding reaches the batch through F.embedding, whose backward sums repeated ids
+    in a fixed order on any number of threads (indexing's does not): the same gradients every time,
+    so that a resumed run repeats a straight one bit for bit."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lev = tiny_model("lev").tok_emb
+        ids = random_ids(200_000, seed=3)  # 61 distinct ids, each ~3,000 times
+        weight = torch.randn(200_000, lev.n_embd, generator=torch.Generator().manual_seed(1))
+        grads = [torch.autograd.grad((lev(ids) * weight).sum(), list(lev.parameters()))
+                 for _ in range(3)]
+    finally:
+        torch.set_num_threads(previous)
+    for again in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(grads[0], again, strict=True))

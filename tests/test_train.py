@@ -129,6 +129,20 @@ def test_resume_continues_the_same_run_exactly(tmp_path, char_data, capsys, monk
         assert all(torch.equal(final[k], resumed[k]) for k in final), other
 
 
+@pytest.mark.parametrize("arm", ["lev", "tied"])
+def test_resume_is_exact_on_two_threads(tmp_path, char_data, capsys, arm):
+    """LEV's gathers (codebook rows, each id's embedding) have a deterministic backward, so that
+    8 steps equal 4 + 4 bit for bit on several threads too, not only on one."""
+    torch.set_num_threads(2)  # the one_thread fixture puts 1 back afterwards
+    run = [f"--embedding={arm}", "--eval_interval=4", "--lr_decay_iters=8"]
+    assert run_train(capsys, char_data, tmp_path / "straight", *run, "--max_iters=8")[0] == 0
+    assert run_train(capsys, char_data, tmp_path / "split", *run, "--max_iters=4")[0] == 0
+    assert run_train(capsys, char_data, tmp_path / "split", "--init_from=resume",
+                     "--max_iters=8")[0] == 0
+    final, resumed = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+
+
 def test_resuming_a_finished_run_keeps_every_record(tmp_path, char_data, capsys):
     """A finished run resumed with a larger max_iters (and another eval_interval): log.jsonl keeps
     every record it had, the last one (the checkpoint's step) as it was, and goes on."""
