@@ -137,30 +137,34 @@ def tokens_to_reach(curve, target_loss):
     return None
 
 
-def token_efficiency(curves):
-    """curves: one per arm, baseline first (None where an arm has no log) -> (target loss, rows),
-    where each row is {"final_val_loss", "tokens_to_reach", "fewer_tokens"} (None where unknown or
-    never reached) and fewer_tokens = baseline's tokens to reach its own final loss / the arm's.
-    (None, None) without a baseline log."""
-    if curves[0] is None:
+def token_efficiency(curves, at_checkpoint):
+    """curves: one per arm, baseline first (None where an arm has no log); at_checkpoint: whether
+    each ends at its checkpoint -> (target loss, rows), where each row is {"final_val_loss",
+    "tokens_to_reach", "fewer_tokens"} (None where unknown or never reached) and fewer_tokens =
+    baseline's tokens to reach its own final loss / the arm's. The target is the baseline's logged
+    val loss at its checkpoint, the model eval.py scores: (None, None) without a baseline log, or
+    when its checkpoint is not in it (a run stopped between evaluations; its last record would be
+    an earlier model's loss)."""
+    if curves[0] is None or not at_checkpoint[0]:
         return None, None
     target = curves[0][-1][1]
     base_tokens = tokens_to_reach(curves[0], target)
     rows = []
-    for curve in curves:
+    for curve, complete in zip(curves, at_checkpoint, strict=True):
         reach = tokens_to_reach(curve, target) if curve else None
-        rows.append({"final_val_loss": curve[-1][1] if curve else None, "tokens_to_reach": reach,
+        final = curve[-1][1] if curve and complete else None
+        rows.append({"final_val_loss": final, "tokens_to_reach": reach,
                      "fewer_tokens": base_tokens / reach if reach else None})
     return target, rows
 
 
-def token_efficiency_among(curves, here):
+def token_efficiency_among(curves, at_checkpoint, here):
     """token_efficiency among the runs trained on the scored dataset (here[i]): a log.jsonl curve is
     of its run's own val split, so those of other datasets are left out -> (target loss, a row per
     run: all None for the runs left out and where unknown)."""
     unknown = dict.fromkeys(("final_val_loss", "tokens_to_reach", "fewer_tokens"))
-    picked = [curve for curve, h in zip(curves, here, strict=True) if h]
-    target, rows = token_efficiency(picked) if picked else (None, None)
+    picked = [(c, a) for c, a, h in zip(curves, at_checkpoint, here, strict=True) if h]
+    target, rows = token_efficiency(*zip(*picked, strict=True)) if picked else (None, None)
     rows = iter(rows or [unknown] * len(picked))
     return target, [next(rows) if h else unknown for h in here]
 
@@ -357,18 +361,19 @@ def main(argv=None):
     counts = train_counts(train, meta["vocab_size"])
     passages, task_sets = load_text_tasks(args, meta, data_dir, val, arms)
     try:
-        curves = [read_curve(d) for d, _, _ in arms]
+        curves, at_checkpoint = zip(*[read_curve(d, ckpt.get("step")) for d, _, ckpt in arms],
+                                    strict=True)
     except ValueError as e:
         fail(str(e))
     here = [ckpt["meta"].get("dataset") == dataset for _, _, ckpt in arms]
-    target_loss, efficiency = token_efficiency_among(curves, here)
+    target_loss, efficiency = token_efficiency_among(curves, at_checkpoint, here)
     names = labels(args.dirs, [ckpt["model_config"]["embedding"] for _, _, ckpt in arms])
     results = []
     for i, (d, model, ckpt) in enumerate(arms):
         result = evaluate_run(d, model, ckpt, names[i], val, counts, passages, task_sets, args,
                               device)
         result["token_efficiency"] = efficiency[i]
-        result["curve"] = curves[i]
+        result["curve"], result["curve_at_checkpoint"] = curves[i], at_checkpoint[i]
         results.append(result)
     write_outputs(results, target_loss, (data_dir, dataset, tokens[0]), task_sets, args.json,
                   args.plot)

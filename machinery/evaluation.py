@@ -137,32 +137,39 @@ def load_data(data_root, dataset, tokens):
     return data_dir, meta, val, train
 
 
-def read_curve(run_dir):
-    """run_dir/log.jsonl -> [(training tokens, val loss), ...] sorted by tokens, or None when there
-    is no log."""
+def read_curve(run_dir, checkpoint_step=None):
+    """run_dir/log.jsonl -> ([(training tokens, val loss), ...] sorted by tokens, or None when there
+    is no log; whether it holds a record of checkpoint_step). A run stopped between evaluations
+    (Ctrl-C) saved a checkpoint that its log has no record of: its last state is not in the curve.
+    Records after checkpoint_step (of a run that went on, then was resumed from an earlier
+    checkpoint) are left out."""
     path = os.path.join(run_dir, "log.jsonl")
     if os.path.exists(path) and not os.path.isfile(path):
         raise ValueError(f"{path} is not a file; move it away (token efficiency needs train.py's "
                          f"log)")
     if not os.path.isfile(path):
-        return None
-    curve = []
+        return None, False
+    curve, steps = [], set()
     with open(path, encoding="utf-8", errors="replace") as f:  # as train.py's read_log reads it
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-                curve.append((float(record["tokens"]), float(record["val_loss"])))
-                if not all(math.isfinite(v) for v in curve[-1]):
+                point = (float(record["tokens"]), float(record["val_loss"]))
+                if not all(math.isfinite(v) for v in point):
                     raise ValueError("not finite")
+                step = record.get("step")
+                if checkpoint_step is None or step is None or step <= checkpoint_step:
+                    curve.append(point)
+                    steps.add(step)
             # RecursionError: nested too deeply to parse; OverflowError: an int past float's range
             except (ValueError, KeyError, TypeError, RecursionError, MemoryError,
                     OverflowError) as e:
                 raise ValueError(f"{path}:{n} is not a log record with 'tokens' and 'val_loss' "
                                  f"({str(e) or type(e).__name__}); fix or delete that "
                                  f"line") from None
-    return sorted(curve) or None
+    return sorted(curve) or None, checkpoint_step is not None and checkpoint_step in steps
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,9 +195,10 @@ def loss_table(results, data_dir):
     """Measurement 1: val loss and perplexity per arm, with its parameter counts."""
     base = results[0]
     scored = " / ".join(sorted({f"{r['val_targets']:,}" for r in results}))
-    header = ["arm", "input embedding", "backbone", "head", "val loss", "perplexity",
-              f"ppl vs {base['label']}"]
-    rows = [[r["label"], f"{r['params']['input_embedding']:,}", f"{r['params']['backbone']:,}",
+    header = ["arm", "step", "tokens seen", "input embedding", "backbone", "head", "val loss",
+              "perplexity", f"ppl vs {base['label']}"]
+    rows = [[r["label"], fmt(r["step"], ","), fmt(r["tokens_seen"], ","),
+             f"{r['params']['input_embedding']:,}", f"{r['params']['backbone']:,}",
              f"{r['params']['head']:,}", fmt(r["val_loss"]), fmt(r["val_ppl"], ".3f"),
              "(baseline)" if r is base else rel(r["val_ppl"], base["val_ppl"])] for r in results]
     return (f"## Validation loss: whole split of {data_dir} ({scored} targets scored per arm)\n\n"
@@ -233,22 +241,28 @@ def efficiency_table(results, target_loss, dataset):
     base = runs[0]
     if target_loss is None:
         who = "the baseline " if base is results[0] else ""
-        return f"\n## Token efficiency: skipped, {who}{base['label']} has no log.jsonl" + note
+        why = ("has no log.jsonl" if base["curve"] is None else
+               f"has no log.jsonl record of its checkpoint (step {fmt(base['step'], ',')}): it "
+               f"stopped between evaluations, so its final loss is not on its curve (resume it "
+               f"to its next evaluation)")
+        return f"\n## Token efficiency: skipped, {who}{base['label']} {why}" + note
     rows = []
     for r in runs:
         e = r["token_efficiency"]
         reach = e["tokens_to_reach"]
         if r["curve"] is None:
             cells = ["no log.jsonl", "-"]
+        elif not r["curve_at_checkpoint"] and reach is None:
+            cells = ["not within its log (it ends before the checkpoint)", "-"]
         elif reach is None:
             cells = ["never reached", "-"]
         else:
             cells = [f"{reach:,.0f}", f"{e['fewer_tokens']:.2f}x" if e["fewer_tokens"] else "-"]
         rows.append([r["label"], fmt(e["final_val_loss"]), *cells])
-    header = ["arm", "final val loss (log)", "tokens to reach",
+    header = ["arm", "val loss at its checkpoint (log)", "tokens to reach",
               f"fewer tokens than {base['label']}"]
-    return (f"\n## Token efficiency: training tokens to first reach {base['label']}'s final val "
-            f"loss {target_loss:.4f} (log.jsonl, interpolated between evaluations)\n\n"
+    return (f"\n## Token efficiency: training tokens to first reach {base['label']}'s val loss at "
+            f"its checkpoint, {target_loss:.4f} (log.jsonl, interpolated between evaluations)\n\n"
             + table(header, rows) + note)
 
 
@@ -275,13 +289,25 @@ def scored_line(results, data_dir, dataset):
             f"counts for the frequency buckets); {trained}.\n")
 
 
+def unequal_training_line(results):
+    """One line when the runs trained on different numbers of tokens (their losses then compare
+    more than the arms), else None."""
+    if len({r["tokens_seen"] for r in results}) < 2:
+        return None
+    seen = ", ".join(f"{r['label']} {fmt(r['tokens_seen'], ',')} (step {fmt(r['step'], ',')})"
+                     for r in results)
+    return (f"Note: the runs trained on different numbers of tokens: {seen}; the loss differences "
+            f"below are not the arms' alone.\n")
+
+
 def report(results, target_loss, data_dir, dataset):
     """All tables as one markdown string."""
-    out = [scored_line(results, data_dir, dataset), loss_table(results, data_dir),
+    out = [scored_line(results, data_dir, dataset), unequal_training_line(results),
+           loss_table(results, data_dir),
            bucket_table(results), efficiency_table(results, target_loss, dataset)]
     if results[0]["lambada"] is not None:
         out.append(lambada_table(results))
-    return "\n".join(out)
+    return "\n".join(line for line in out if line is not None)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -394,7 +394,8 @@ def test_log_and_config_files_no_parser_reads_are_one_line_with_their_line(tmp_p
     with pytest.raises(ValueError, match=r"log\.jsonl:1 is not a log record .*int too large"):
         evaluation.read_curve(str(trained))
     log.write_bytes(b'{"tokens": 10, "val_loss": 1.5, "note": "caf\xe9"}\n')
-    assert evaluation.read_curve(str(trained)) == [(10.0, 1.5)]  # read as read_log reads it
+    # read as read_log reads it
+    assert evaluation.read_curve(str(trained)) == ([(10.0, 1.5)], False)
     configs = {
         "lists.py": (f"n_layer = 2\nn_head = {deep}\n", "lists.py, line 2: too many nested"),
         "minus.py": ("n_layer = 2\nn_head = (\n" + "-" * 100_000 + "1)\n",

@@ -66,7 +66,8 @@ def make_data(path, dataset="tiny", seed=0, chars=None):
 
 def make_run(path, meta, embedding, seed=0, log=None, origin=None):
     """A tiny untrained checkpoint in the train.py format, and optionally a log.jsonl of log, a list
-    of (tokens, val_loss); origin: the run it was fine-tuned from, as train.py records it."""
+    of (tokens, val_loss) at steps 0, 1, ..., the checkpoint at the last; origin: the run it was
+    fine-tuned from, as train.py records it."""
     torch.manual_seed(seed)
     config = Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=1, n_head=2, n_embd=32,
                     embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)
@@ -74,7 +75,8 @@ def make_run(path, meta, embedding, seed=0, log=None, origin=None):
     os.makedirs(path, exist_ok=True)
     ckpt = {"version": CHECKPOINT_VERSION, "model": model.state_dict(),
             "model_config": asdict(config), "train_config": {"batch_size": 4, "seed": seed},
-            "meta": meta, "step": 10, "tokens_seen": 640, "best_val_loss": 4.0, "optimizer": {},
+            "meta": meta, "step": len(log) - 1 if log else 10,
+            "tokens_seen": int(log[-1][0]) if log else 640, "best_val_loss": 4.0, "optimizer": {},
             "rng": {}}
     torch.save({**ckpt, "origin": origin} if origin else ckpt, os.path.join(path, "ckpt.pt"))
     if log is not None:
@@ -180,17 +182,20 @@ def test_token_efficiency_from_logs(tmp_path):
     make_run(tmp_path / "fast", meta, "lev", log=[(0, 4.0), (1000, 3.0), (2000, 1.0)])
     make_run(tmp_path / "slow", meta, "lev", log=[(0, 4.0), (1000, 3.5), (2000, 3.0)])
     make_run(tmp_path / "nolog", meta, "untied")
-    curves = [evaluation.read_curve(tmp_path / d) for d in ("base", "fast", "slow", "nolog")]
+    curves = [evaluation.read_curve(tmp_path / d)[0] for d in ("base", "fast", "slow", "nolog")]
     assert curves[1] == [(0, 4.0), (1000, 3.0), (2000, 1.0)] and curves[3] is None
-    target, rows = ev.token_efficiency(curves)
+    target, rows = ev.token_efficiency(curves, [True] * 4)
     assert target == 2.0
     assert rows[0] == {"final_val_loss": 2.0, "tokens_to_reach": 4000, "fewer_tokens": 1.0}
     assert rows[1]["tokens_to_reach"] == pytest.approx(1500)
     assert rows[1]["fewer_tokens"] == pytest.approx(4000 / 1500)
     assert rows[2] == {"final_val_loss": 3.0, "tokens_to_reach": None, "fewer_tokens": None}
     assert rows[3] == {"final_val_loss": None, "tokens_to_reach": None, "fewer_tokens": None}
-    # no baseline log: nothing to reach
-    assert ev.token_efficiency([None, curves[1]]) == (None, None)
+    # no baseline log, or a baseline whose checkpoint is not in it: nothing to reach
+    assert ev.token_efficiency([None, curves[1]], [False, True]) == (None, None)
+    assert ev.token_efficiency(curves[:2], [False, True]) == (None, None)
+    # another run whose log ends before its checkpoint: no final loss of its own
+    assert ev.token_efficiency(curves[:2], [True, False])[1][1]["final_val_loss"] is None
     with open(tmp_path / "fast" / "log.jsonl", "a") as f:
         f.write('{"step": 3, "tokens": 30\n')
     with pytest.raises(ValueError, match=r"log.jsonl:4 "):
@@ -264,6 +269,31 @@ def test_lambada_eval_matches_unpadded_passages(tmp_path):
 # the command
 
 
+def test_runs_of_other_lengths_and_a_stopped_baseline_are_said_so(tmp_path, run_cli, monkeypatch):
+    """Runs stopped at different steps: each run's step and tokens in the table, and one line
+    above the tables. A baseline stopped between evaluations (Ctrl-C: a checkpoint its log has no
+    record of) gives no token-efficiency target: its last record is an earlier model's loss."""
+    meta = make_data(tmp_path / "data" / "tiny")
+    make_run(tmp_path / "tied", meta, "tied", 0, [(0, 4.0), (1000, 3.0)])
+    make_run(tmp_path / "lev", meta, "lev", 1, [(0, 4.0), (1000, 3.0), (2000, 2.0)])
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(ev.main, ["tied", "lev", "--device=cpu", "--lambada_max=0"])
+    assert code == 0, err
+    lines = out.splitlines()
+    note = [line for line in lines if line.startswith("Note: the runs trained on different")]
+    assert note == ["Note: the runs trained on different numbers of tokens: tied 1,000 (step 1), "
+                    "lev 2,000 (step 2); the loss differences below are not the arms' alone."]
+    assert lines.index(note[0]) < lines.index(next(x for x in lines if x.startswith("## ")))
+    assert "| tied | 1 | 1,000 | " in out and "| lev | 2 | 2,000 | " in out
+    assert "val loss at its checkpoint, 3.0000" in out
+    ckpt = torch.load(tmp_path / "tied" / "ckpt.pt", weights_only=True)
+    torch.save({**ckpt, "step": 7, "tokens_seen": 1700}, tmp_path / "tied" / "ckpt.pt")  # Ctrl-C
+    code, out, err = run_cli(ev.main, ["tied", "lev", "--device=cpu", "--lambada_max=0"])
+    assert code == 0, err
+    assert ("## Token efficiency: skipped, the baseline tied has no log.jsonl record of its "
+            "checkpoint (step 7): it stopped between evaluations") in out
+
+
 def test_end_to_end(tmp_path, run_cli, monkeypatch):
     meta = make_data(tmp_path / "data" / "tiny")
     models = [
@@ -282,7 +312,7 @@ def test_end_to_end(tmp_path, run_cli, monkeypatch):
     assert "| tied | " in out and "| lev (out-lev) | " in out and "| lev (out-lev-s2) | " in out
     assert "| unseen | " in out and "never reached" in out
     assert "2.67x" in out and "(baseline)" in out
-    assert "final val loss 2.0000" in out
+    assert "val loss at its checkpoint, 2.0000" in out
 
     result = json.loads(Path("res/compare.json").read_text())
     assert [a["label"] for a in result["arms"]] == ["tied", "lev (out-lev)", "lev (out-lev-s2)"]
@@ -405,7 +435,7 @@ def test_runs_of_two_datasets_are_scored_on_one(two_datasets, run_cli):
     assert code == 0, err
     assert out.startswith("Scored on dataset 'dst' (data/dst: ") and "## Validation loss: " \
         "whole split of data/dst" in out
-    assert "training tokens to first reach lev (ft)'s final val loss 1.0000" in out
+    assert "training tokens to first reach lev (ft)'s val loss at its checkpoint, 1.0000" in out
     assert "- left out: tied (on 'src'), lev (src-lev) (on 'src'): trained on another" in out
     result = json.loads(Path("dst.json").read_text())
     assert result["dataset"] == "dst" and result["token_efficiency_reference"] == "lev (ft)"
@@ -423,14 +453,15 @@ def test_runs_of_two_datasets_are_scored_on_one(two_datasets, run_cli):
 
 def test_token_efficiency_among_the_runs_of_the_scored_dataset():
     curves = [[(0, 4.0), (100, 2.0)], [(0, 3.0), (50, 1.0)], [(0, 4.0), (50, 2.0)], None]
-    target, rows = ev.token_efficiency_among(curves, [False, True, True, True])
+    target, rows = ev.token_efficiency_among(curves, [True] * 4, [False, True, True, True])
     assert target == 1.0  # the first run of the scored dataset is the reference
     unknown = {"final_val_loss": None, "tokens_to_reach": None, "fewer_tokens": None}
     assert rows[0] == unknown and rows[3] == unknown  # another dataset; no log
     assert rows[1] == {"final_val_loss": 1.0, "tokens_to_reach": 50, "fewer_tokens": 1.0}
     assert rows[2]["tokens_to_reach"] is None
-    assert ev.token_efficiency_among(curves, [False] * 4) == (None, [unknown] * 4)
-    assert ev.token_efficiency_among([None, curves[0]], [True, True]) == (None, [unknown] * 2)
+    assert ev.token_efficiency_among(curves, [True] * 4, [False] * 4) == (None, [unknown] * 4)
+    assert (ev.token_efficiency_among([None, curves[0]], [False, True], [True, True])
+            == (None, [unknown] * 2))
 
 
 def test_runs_of_other_tokenizers_are_refused_with_the_rule(two_datasets, run_cli, tmp_path):

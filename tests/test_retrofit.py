@@ -150,7 +150,7 @@ def test_the_swap_keeps_the_source_and_puts_lev_table_at_the_input(tmp_path, cha
     assert 0 < fitted["loss"] and -1 <= fitted["cosine"] <= 1 and len(fitted["buckets"]) == 6
     (record,) = read_log(tmp_path / "rf")
     assert record["step"] == 0 and record["retrofit"] == fitted
-    assert ev.read_curve(str(tmp_path / "rf")) == [(0.0, record["val_loss"])]
+    assert ev.read_curve(str(tmp_path / "rf"), 0) == ([(0.0, record["val_loss"])], True)
 
 
 def test_the_retrofitted_run_fine_tunes_resumes_samples_and_evaluates(tmp_path, char_data, capsys,
