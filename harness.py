@@ -13,13 +13,15 @@ float32 off CUDA, bfloat16 autocast on CUDA as sample.py; float32 gives eval.py 
 any device), plain=true (no fast path, as eval.py --plain). --batch_size: rows per forward pass
 (auto: 16, eval.py's default). tasks/ holds task configs that read local files in the published
 formats eval.py --task reads, prompted as the harness's own tasks are. Needs lm_eval (tested with
-0.4.13).
+0.4.13, the release harness.py asks for when an import fails).
 """
 
 import sys
 
 from leviathan import GPT, Config
 from machinery import cli
+
+TESTED = "0.4.13"  # the lm_eval release the adapter is tested with
 
 
 def main(argv=None):
@@ -28,10 +30,14 @@ def main(argv=None):
         from machinery import harness
     except ModuleNotFoundError as e:  # lm_eval is optional
         if e.name and e.name.split(".")[0] == "lm_eval":
-            cli.fail("harness.py", "needs lm-evaluation-harness: pip install lm_eval (tested with "
-                                   "lm_eval 0.4.13)")
+            cli.fail("harness.py", f"needs lm-evaluation-harness: pip install lm_eval "
+                                   f"(tested with lm_eval {TESTED})")
         cli.fail("harness.py", f"lm_eval cannot be imported without {e.name!r}; reinstall it: "
                                f"pip install lm_eval")
+    except ImportError as e:  # an lm_eval release without a helper the adapter uses
+        cli.fail("harness.py", f"this lm_eval lacks what the adapter uses ({cli.one_line(e)}); "
+                               f"install the release it is tested with: pip install "
+                               f"lm_eval=={TESTED}")
     harness.register(GPT, Config)
     if not argv or argv in (["-h"], ["--help"]):
         print(__doc__.strip() + "\n")
@@ -43,6 +49,12 @@ def main(argv=None):
                                f"directory (tasks/'s: from the repository's root)")
     except ValueError as e:  # the adapter's (AdapterError) and lm_eval's: tasks not found, ...
         cli.fail("harness.py", str(e))
+    except Exception as e:  # the datasets library reading a task's data: its error, in one line
+        if type(e).__module__.split(".")[0] not in ("datasets", "pyarrow"):
+            raise
+        cause = e.__cause__ or e
+        cli.fail("harness.py", f"a task's data could not be read ({type(cause).__name__}: "
+                               f"{cli.one_line(cause)[:200]}); check its data_files")
 
 
 if __name__ == "__main__":

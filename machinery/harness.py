@@ -19,18 +19,22 @@ how to install it). The model's classes are passed in, register(GPT, Config): th
 imports leviathan.py.
 """
 
+import glob
+import json
 import logging
 import math
+import os
 import sys
 
 import torch
+import yaml
 from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from machinery import checkpoints, dataset, devices, tasks
+from machinery import checkpoints, cli, dataset, devices, tasks
 from machinery.runtime import set_runtime
 
 log = logging.getLogger(__name__)
@@ -126,6 +130,8 @@ class LeviathanLM(LM):
         if model is None:
             model, tokenizer = self.load(self.run, device)
         self.model = model.to(device).eval()
+        if torch.device(device).type == "cpu":  # sample.py's rule: one thread for a small model
+            torch.set_num_threads(devices.pick_threads(model.param_report()["total"]))
         self.tokenizer = tokenizer
         self._device = torch.device(device)
         self.block_size = model.config.block_size
@@ -178,6 +184,8 @@ class LeviathanLM(LM):
                                "end-of-text token to start from (a char-level run); use a BPE run")
         try:
             return tasks.encode_pair(self.tokenizer, context, continuation)
+        except tasks.NoContinuationTokens as e:  # refused, as lm_eval's own models refuse it
+            raise AdapterError(f"a loglikelihood request: {e}") from None
         except ValueError:
             return None
 
@@ -255,6 +263,14 @@ class LeviathanLM(LM):
         """A request's gen_kwargs, normalised as the harness does -> generate's keyword arguments.
         Greedy unless do_sample (temperature 1 unless given); the end-of-text text stops too."""
         kwargs = normalize_gen_kwargs(gen_kwargs, default_max_gen_toks=MAX_GEN_TOKS)
+        until, max_toks = kwargs["until"], kwargs["max_gen_toks"]
+        if not (isinstance(until, str)
+                or isinstance(until, list | tuple) and all(isinstance(u, str) for u in until)):
+            raise AdapterError(f"generation settings: until={until!r} must be a string or a list "
+                               f"of strings (the task's generation_kwargs)")
+        if isinstance(max_toks, bool) or not isinstance(max_toks, int) or max_toks < 0:
+            raise AdapterError(f"generation settings: max_gen_toks={max_toks!r} must be a whole "
+                               f"number >= 0 (the task's generation_kwargs)")
         ignored = sorted(set(kwargs) - GEN_KWARGS)
         if ignored:
             log.warning("generation settings the leviathan model ignores: %s", ", ".join(ignored))
@@ -312,12 +328,70 @@ def register(GPT, Config, name="leviathan"):
     return register_model(name)(cls)
 
 
+def flag_values(argv, flag):
+    """The values given to a flag of the harness's command line (--flag v or --flag=v)."""
+    values = []
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif arg.startswith(flag + "="):
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+class TaskConfigLoader(yaml.SafeLoader):
+    """YAML as the harness reads its task configs: its !function tags are names, not loaded."""
+
+
+TaskConfigLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+def check_task_configs(argv):
+    """Before the harness starts: every YAML file under --include_path parses (the harness would
+    only say "Tasks not found"), and the local JSON data files of the tasks asked for hold one JSON
+    object per line (the datasets library would fail with a traceback). AdapterError: the file,
+    the line and what is wrong."""
+    asked = {name for value in flag_values(argv, "--tasks") for name in value.split(",")}
+    for folder in flag_values(argv, "--include_path"):
+        for path in sorted(glob.glob(os.path.join(folder, "**", "*.yaml"), recursive=True)):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    config = yaml.load(f, Loader=TaskConfigLoader)
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+                raise AdapterError(f"{path} is not a readable task config "
+                                   f"({cli.one_line(e)[:200]}); fix it, or move it out of "
+                                   f"--include_path") from None
+            if isinstance(config, dict) and asked & {config.get("task"), config.get("tag")}:
+                check_json_data(path, config)
+
+
+def check_json_data(config_path, config):
+    """The local files of a `dataset_path: json` task: one JSON object per line."""
+    if config.get("dataset_path") != "json":
+        return
+    files = (config.get("dataset_kwargs") or {}).get("data_files") or {}
+    for listed in files.values() if isinstance(files, dict) else [files]:
+        for path in [listed] if isinstance(listed, str) else listed:
+            if not isinstance(path, str) or not os.path.isfile(path):
+                continue  # the harness says what is missing
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for n, line in enumerate(f, 1):
+                    try:
+                        if line.strip() and not isinstance(json.loads(line), dict):
+                            raise ValueError("not a JSON object")
+                    except (ValueError, RecursionError) as e:
+                        raise AdapterError(f"{path}:{n} (a data file of {config_path}) is not a "
+                                           f"JSON object on one line ({cli.one_line(e)[:100]}); "
+                                           f"fix that line") from None
+
+
 def run_cli(argv, prog):
     """lm_eval's own command line (lm-eval run ...) on argv, with --model leviathan unless argv
     names a model: its flags, its tables, its output files."""
     from lm_eval.__main__ import cli_evaluate
 
     argv = list(argv)
+    check_task_configs(argv)
     if not argv or argv[0] not in SUBCOMMANDS:
         argv = ["run", *argv]
     if argv[0] == "run" and not {"--model", "-M"} & {a.split("=")[0] for a in argv}:

@@ -422,6 +422,11 @@ LOADERS = {"lambada": load_lambada, "hellaswag": load_hellaswag, "piqa": load_pi
 # Tokens: the harness's boundary rule, the --task_max cap, what cannot be scored
 
 
+class NoContinuationTokens(ValueError):
+    """A continuation that the tokenizer merges into its context's last token: it has no token of
+    its own, and nothing can be scored (lm_eval's own models refuse it too)."""
+
+
 def encode_pair(tokenizer, context, continuation):
     """(context, continuation) -> (context ids, continuation ids), the harness's _encode_pair:
     trailing whitespace of the context moves into the continuation, and the continuation's ids are
@@ -438,7 +443,13 @@ def encode_pair(tokenizer, context, continuation):
                              "from")
         return [eot], tokenizer.encode(continuation)
     context_ids = tokenizer.encode(context)
-    return context_ids, tokenizer.encode(context + continuation)[len(context_ids):]
+    continuation_ids = tokenizer.encode(context + continuation)[len(context_ids):]
+    if continuation and not continuation_ids:
+        raise NoContinuationTokens(f"the continuation {continuation!r} merges into the last token "
+                                   f"of its context (...{context[-20:]!r}) and has no token of its "
+                                   f"own to score; lm_eval's models refuse it too: drop or reword "
+                                   f"the example")
+    return context_ids, continuation_ids
 
 
 def end_of_text(tokenizer):
@@ -472,6 +483,8 @@ def load_task(name, path, tokenizer, max_examples, block_size):
                             f"score")
         try:
             rows = [encode_pair(tokenizer, c, w) for c, w in ex.pairs]
+        except NoContinuationTokens as e:  # refused, the same in harness.py
+            raise TaskError(f"{ex.where}: {e}") from None
         except ValueError as e:  # a character-level vocabulary without the characters of this text
             skips.append(f"{ex.where}: {e}")
             continue

@@ -414,3 +414,88 @@ def test_without_lm_eval_one_line_says_how_to_install_it(tmp_path):
     assert result.returncode == 2
     assert result.stderr == ("harness.py: error: needs lm-evaluation-harness: pip install lm_eval "
                              "(tested with lm_eval 0.4.13)\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# the edges: each a one-line refusal, never a traceback
+
+
+def test_a_continuation_merged_into_its_context_is_refused_the_same_in_both(lm_eval, world,
+                                                                            monkeypatch):
+    """" t" + "he" is one token, " the": the continuation "he" after "Say t" has no token of its
+    own. lm_eval's models refuse such a request; so do the adapter and eval.py --task, in one
+    line (eval.py's with the file and line)."""
+    from lm_eval.api.instance import Instance
+
+    from machinery.harness import AdapterError, LeviathanLM
+
+    _, _, _, model, tokenizer = world
+    with pytest.raises(tasks.NoContinuationTokens, match="merges into the last token"):
+        tasks.encode_pair(tokenizer, "Say t", "he")
+    lm = LeviathanLM(model=model, tokenizer=tokenizer, device="cpu")
+    with pytest.raises(AdapterError, match="^a loglikelihood request: the continuation 'he'"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("Say t", "he"), 0)])
+    merged = tasks.Example([("Say t", "he"), ("Say t", "o")], 0, None, "mine.jsonl:3")
+    monkeypatch.setitem(tasks.LOADERS, "piqa", lambda path: [merged])
+    with pytest.raises(tasks.TaskError, match=r"^mine\.jsonl:3: the continuation 'he' merges"):
+        tasks.load_task("piqa", "mine.jsonl", tokenizer, 0, BLOCK)
+
+
+def test_bad_generation_settings_are_refused(lm_eval, world):
+    from lm_eval.api.instance import Instance
+
+    from machinery.harness import AdapterError, LeviathanLM
+
+    _, _, _, model, tokenizer = world
+    lm = LeviathanLM(model=model, tokenizer=tokenizer, device="cpu")
+    for settings, message in [({"until": [123]}, "until=[123] must be a string or a list"),
+                              ({"max_gen_toks": -3}, "max_gen_toks=-3 must be a whole number")]:
+        request = Instance("generate_until", {}, ("To be", settings), 0)
+        with pytest.raises(AdapterError, match=re.escape(message)):
+            lm.generate_until([request])
+
+
+def test_bad_task_configs_and_data_files_are_one_line(lm_eval, tmp_path):
+    """Checked before the harness starts: a YAML that does not parse (the harness would say only
+    "Tasks not found"), and a data file that is not JSON lines (a traceback from datasets)."""
+    from machinery.harness import AdapterError, check_task_configs
+
+    configs = tmp_path / "tasks"
+    configs.mkdir()
+    (configs / "ok.yaml").write_text(
+        f"task: mine\ndataset_path: json\nprocess_docs: !function preprocess.f\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tmp_path / 'data.jsonl'}\n")
+    (tmp_path / "data.jsonl").write_text('{"text": "a"}\n{"text": broken\n')
+    argv = ["--include_path", str(configs), "--tasks", "mine"]
+    with pytest.raises(AdapterError, match=r"data\.jsonl:2 \(a data file of .*ok\.yaml\) is not a "
+                                           r"JSON object on one line"):
+        check_task_configs(argv)
+    check_task_configs(["--include_path", str(configs), "--tasks", "other"])  # not asked for
+    (configs / "broken.yaml").write_text("task: b\ndataset_path: json\n  bad: [\n")
+    with pytest.raises(AdapterError, match=r"broken\.yaml is not a readable task config \(.*line "
+                                           r"3.*\); fix it, or move it out of --include_path"):
+        check_task_configs(["--include_path", str(configs), "--tasks", "b"])
+
+
+def test_an_lm_eval_without_a_helper_the_adapter_uses_is_one_line():
+    hide = ("import runpy, sys; import lm_eval.models.utils as u; del u.normalize_gen_kwargs; "
+            "sys.argv = ['harness.py', '--tasks', 'x']; runpy.run_path('harness.py', "
+            "run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith("harness.py: error: this lm_eval lacks what the adapter uses "
+                                    "(cannot import name 'normalize_gen_kwargs'")
+    assert "pip install lm_eval==0.4.13" in result.stderr
+
+
+def test_the_adapter_takes_sample_py_threads_on_cpu(lm_eval, world):
+    from machinery.harness import LeviathanLM
+
+    _, _, _, model, tokenizer = world
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        LeviathanLM(model=model, tokenizer=tokenizer, device="cpu")
+        assert torch.get_num_threads() == 1  # a model under 50M parameters: one thread
+    finally:
+        torch.set_num_threads(previous)
