@@ -6,8 +6,8 @@ Train a Leviathan, or one of its baselines, on a dataset prepared by prepare_dat
     python train.py config/shakespeare_cpu.py
     # the baseline: same data, same val tokens
     python train.py config/shakespeare_cpu.py --embedding=tied
-    # continue out_dir/ckpt.pt
-    python train.py config/shakespeare_cpu.py --init_from=resume
+    # continue out_dir/ckpt.pt (its settings come from the checkpoint)
+    python train.py --out_dir=out-shakespeare-cpu-lev --init_from=resume
     # fine-tune a trained model on data b
     python train.py --init_from=out-a-lev --dataset=b --out_dir=out-b-lev
     # retrofit: LEV fitted to a tied (or untied) model's input table, then fine-tuning

@@ -1,0 +1,25 @@
+"""The README and docs/layout.md say what is true of the tree: every module of machinery/ is in
+both, and what the README's install makes (.venv) is ignored by git. Run:
+python -m pytest -q tests/test_docs.py"""
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+MODULES = sorted(p.name for p in (Path(ROOT) / "machinery").glob("*.py")
+                 if p.name != "__init__.py")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/layout.md"])
+def test_every_module_of_the_package_is_listed(page):
+    text = (Path(ROOT) / page).read_text(encoding="utf-8")
+    missing = [m for m in MODULES if m not in text]
+    assert not missing, f"{page} does not list {', '.join(missing)}"
+
+
+def test_what_the_readme_install_makes_is_ignored():
+    readme = (Path(ROOT) / "README.md").read_text(encoding="utf-8")
+    assert "python -m venv .venv" in readme
+    ignored = (Path(ROOT) / ".gitignore").read_text(encoding="utf-8").split()
+    assert ".venv/" in ignored or ".venv" in ignored
