@@ -449,9 +449,16 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95),
                              device_type="cpu", lev_lr_scale=1.0, lev_wd_scale=1.0):
-        """AdamW. Decay matrices and tables (dim >= 2), not norms' gains and biases (LEV's per-head
-        LayerNorm ones are 2-D), and not LEV's spline coefficients S: decay pulls each factor
-        towards 0, and so a 128-factor product much faster still.
+        """AdamW over optimizer_groups (train.py builds its own optimizer from them)."""
+        groups = self.optimizer_groups(weight_decay, lev_lr_scale, lev_wd_scale)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,
+                                 fused=device_type == "cuda")
+
+    def optimizer_groups(self, weight_decay, lev_lr_scale=1.0, lev_wd_scale=1.0):
+        """The trainable parameters in optimizer groups. Decay matrices and tables (dim >= 2), not
+        norms' gains and biases (LEV's per-head LayerNorm ones are 2-D), and not LEV's spline
+        coefficients S: decay pulls each factor towards 0, and so a 128-factor product much faster
+        still.
 
         lev_lr_scale, lev_wd_scale: LEV's learning rate and weight decay as multiples of the others'
         (lev arm only). Each group's "lr_scale" is the factor a schedule multiplies its lr by. With
@@ -470,9 +477,8 @@ class GPT(nn.Module):
                 kind = "decay" if p.dim() >= 2 and name not in not_decayed else "no_decay"
                 own = own_lev_groups and name.startswith("tok_emb.")
                 groups[f"lev.{kind}" if own else kind]["params"].append(p)
-        used = [group for key, group in groups.items()
+        return [group for key, group in groups.items()
                 if group["params"] or not key.startswith("lev.")]
-        return torch.optim.AdamW(used, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
     # -- generation --
 

@@ -16,14 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from machinery.dataset import BUCKET_LOWER, BUCKETS, train_counts
+from machinery.settings import above, all_of, at_least, below
 
 WHEN = "retrofit (--init_from=RUN of a tied or untied run, with --embedding=lev)"
 SETTINGS = {
     "fit_steps": (4000, f"{WHEN}: Adam steps fitting LEV alone to the source's input table, "
-                        f"before the whole model fine-tunes"),
+                        f"before the whole model fine-tunes", at_least(0)),
     "fit_lr": (1e-3, "retrofit: the fit's peak learning rate (linear warmup over its first 5% of "
-                     "steps, then cosine decay to a tenth)"),
-    "fit_batch": (4096, "retrofit: ids per fit step, drawn (with replacement) by fit_weights"),
+                     "steps, then cosine decay to a tenth)", above(0)),
+    "fit_batch": (4096, "retrofit: ids per fit step, drawn (with replacement) by fit_weights",
+                  all_of(at_least(1), below(2 ** 31, "2^31 (the default is 4096)"))),
     "fit_loss": ("cosine_norm", "retrofit: what LEV(i) minimises against table row i: cosine_norm "
                                 "(1 - cosine, plus the squared relative error of the norm) or mse "
                                 "(squared error, relative to the rows' mean squared norm)"),

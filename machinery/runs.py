@@ -16,19 +16,22 @@ import string
 import sys
 
 import torch
+import torch.distributed as dist
 
 from machinery import checkpoints, cli, dataset, devices, retrofit
-from machinery.settings import SettingsError, set_setting
+from machinery.settings import SettingsError, check_rules, set_setting
 
 PARTS = ("embedding", "backbone", "head")  # what --freeze can name
 DATA_SEED_OFFSET = 1_000_003  # the data order's seed is seed + this: a stream apart from the init's
+SEED_LIMIT = 2 ** 63 - 2 ** 21  # seeds below it leave room for the offsets (data order, processes)
 
 # --------------------------------------------------------------------------------------------------
 # The settings' ranges, the run's out_dir, and the checkpoint it resumes or fine-tunes
 
 
-def check_settings(s, model_table, Config):
-    """Ranges that a type alone does not say; the model's are checked by Config itself."""
+def check_settings(s, table, model_table, Config):
+    """Each setting's rule in the table (machinery/settings.py), then what one setting alone does
+    not say; the model's are checked by Config itself."""
     def need(ok, msg):
         if not ok:
             raise SettingsError(msg)
@@ -36,27 +39,13 @@ def check_settings(s, model_table, Config):
     for key, value in s.items():
         need(not isinstance(value, float) or math.isfinite(value),
              f"{key}={value} must be a finite number")
-    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval",
-                "lev_chunk", "fit_batch"):
-        need(s[key] >= 1, f"{key}={s[key]} must be at least 1")
-    need(s["fit_batch"] < 2 ** 31, f"fit_batch={s['fit_batch']} must be below 2^31 (ids per fit "
-                                   f"step; the default is 4096)")
-    for key in ("max_iters", "eval_iters", "warmup_iters", "lr_decay_iters", "min_lr",
-                "weight_decay", "grad_clip", "fit_steps"):
-        need(s[key] >= 0, f"{key}={s[key]} must be >= 0")
-    for key in ("learning_rate", "fit_lr"):
-        need(s[key] > 0, f"{key}={s[key]} must be > 0")
-    need(s["lev_lr_scale"] > 0, f"lev_lr_scale={s['lev_lr_scale']} must be > 0")
-    need(s["lev_wd_scale"] >= 0, f"lev_wd_scale={s['lev_wd_scale']} must be >= 0")
+    check_rules(s, table)
     for key, default in (("lev_lr_scale", 1), ("lev_wd_scale", 1), ("lev_clip_apart", False)):
         need(s["embedding"] == "lev" or s[key] == default,  # refused rather than silently ignored
              f"{key}={s[key]} applies to LEV, and --embedding={s['embedding']} has none; "
              f"drop --{key}")
     need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
                                             f"{s['learning_rate']} (the decay goes down to min_lr)")
-    need(0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1, "beta1 and beta2 must be in [0, 1)")
-    need(0 <= s["seed"] < 2 ** 63 - DATA_SEED_OFFSET - 1024,
-         f"seed={s['seed']} must be in [0, 2^63 - 2^21)")
     bad_parts = set(filter(None, s["freeze"].split(","))) - set(PARTS)
     need(not bad_parts,
          f"freeze={s['freeze']!r}: choose among {', '.join(PARTS)} (comma-separated)")
@@ -71,10 +60,15 @@ def check_settings(s, model_table, Config):
         raise SettingsError(str(e).removeprefix("Config: ")) from None
 
 
-def resolve_run(s, explicit, table, choices, model_table, Config):
-    """Fill in out_dir, check it, and for a resumed run load the checkpoint and take its settings
-    (files and flags on top). Returns the checkpoint to resume or fine-tune (None for a scratch
-    run)."""
+def resolve_run(given, explicit, table, choices, model_table, Config):
+    """The run's settings, built once from those given (defaults, config files, flags; explicit: the
+    names that files or flags set) -> (settings, the checkpoint to resume or fine-tune, None for a
+    scratch run). The given dict is not changed. What the run's settings take besides:
+      - a fine-tune, its source's architecture (read_source);
+      - a resume, its checkpoint's settings, with files and flags on top (resumed_settings);
+      - out_dir's {name}s filled in, and a new run's lr_decay_iters=0 fixed as its max_iters (a
+        resume keeps its schedule)."""
+    s = dict(given)
     for key in ("lev_c_kernels", "lev_compile"):  # refused rather than silently ignored
         if key in explicit and not s["lev_fast"]:
             raise SettingsError(f"{key}={s[key]} is a setting of LEV's fast path, and "
@@ -83,14 +77,17 @@ def resolve_run(s, explicit, table, choices, model_table, Config):
     if s["init_from"] != "resume" and 0 < decay < warmup:  # a resume keeps its own schedule
         raise SettingsError(f"warmup_iters={warmup} must not exceed lr_decay_iters={decay}")
     # a fine-tuning run takes the source's architecture first: out_dir's {embedding} is the source's
-    fine_tuning = s["init_from"] not in ("scratch", "resume")
-    source = read_source(s, explicit, model_table, Config) if fine_tuning else None
+    source = None
+    if s["init_from"] not in ("scratch", "resume"):
+        source, architecture = read_source(s, explicit, model_table)
+        s.update(architecture)
+        check_settings(s, table, model_table, Config)
     fit_flags = [key for key in retrofit.SETTINGS if key in explicit]
     if fit_flags and not (source is not None and source["retrofit"]):  # refused, not ignored
         raise SettingsError(f"{fit_flags[0]}={s[fit_flags[0]]} applies to a {retrofit.WHEN} "
                             f"only, which this run is not (a resumed run does not fit again); "
                             f"drop --{fit_flags[0]}")
-    format_out_dir(s, table)
+    s["out_dir"] = formatted_out_dir(s, table)
     cli.check_output_dir(s["out_dir"], "out_dir")
     ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
     if s["init_from"] != "resume":  # a new run: from scratch, or fine-tuning a checkpoint
@@ -106,49 +103,58 @@ def resolve_run(s, explicit, table, choices, model_table, Config):
             raise SettingsError(f"--init_from={s['init_from']} is this run's own out_dir; "
                                 f"fine-tune into another --out_dir (or continue that run with "
                                 f"--init_from=resume)")
-        return source
+        return s, source
     if not os.path.isfile(ckpt_path):
         raise SettingsError(f"{s['out_dir']} holds no ckpt.pt to resume (a run stopped before its "
                             f"first save keeps none); start it again without --init_from=resume, "
                             f"or fix --out_dir")
     ckpt, _ = checkpoints.read_checkpoint(ckpt_path, "cpu", for_resume=True)
-    # the checkpoint's run settings (one newer than the checkpoint keeps its default), checked: a
-    # hand-edit could hold any type
+    s.update(resumed_settings(ckpt, ckpt_path, s, explicit, table, choices, model_table))
+    check_settings(s, table, model_table, Config)
+    return s, ckpt
+
+
+def resumed_settings(ckpt, path, s, explicit, table, choices, model_table):
+    """What a resumed run takes from its checkpoint: its run settings, unless a file or flag set
+    them (one newer than the checkpoint keeps its default; each checked, as a hand-edit could hold
+    any type), and its architecture, which a flag may not change."""
+    taken = {}
     for key, value in ckpt["train_config"].items():
         if (key in table and key not in model_table and key not in explicit
                 and key not in ("out_dir", "init_from")):
-            set_setting(s, key, value, f"{ckpt_path} (train_config)", table, choices)
+            set_setting(taken, key, value, f"{path} (train_config)", table, choices)
     for key, value in saved_architecture(ckpt["model_config"], model_table).items():
         if key in explicit and s[key] != value:  # the checkpoint's model; a flag may not change it
-            raise SettingsError(f"{ckpt_path} has {key}={value!r}, this run asks for {s[key]!r}; "
-                                f"a resumed run keeps its model (drop --{key}, or use another "
+            raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; a "
+                                f"resumed run keeps its model (drop --{key}, or use another "
                                 f"out_dir)")
-        s[key] = value
-    check_settings(s, model_table, Config)
-    return ckpt
+        taken[key] = value
+    return taken
 
 
-def format_out_dir(s, table):
-    """out_dir's {name}s replaced by those settings, e.g. out-{dataset}-{embedding}: one folder per
-    arm, so that arms do not overwrite each other."""
+def formatted_out_dir(s, table):
+    """out_dir with its {name}s replaced by those settings, e.g. out-{dataset}-{embedding}: one
+    folder per arm, so that arms do not overwrite each other."""
     try:
         fields = [field for _, field, _, _ in string.Formatter().parse(s["out_dir"])
                   if field is not None]
         if any(field not in table for field in fields):  # no {dataset.upper} or {0}: plain names
             raise KeyError(next(field for field in fields if field not in table))
-        s["out_dir"] = s["out_dir"].format(**s)
+        return s["out_dir"].format(**s)
     except (KeyError, IndexError, ValueError, AttributeError) as e:
         raise SettingsError(f"out_dir={s['out_dir']!r}: each {{...}} must name a setting, e.g. "
                             f"{{embedding}} ({type(e).__name__}: {e})") from None
 
 
-def read_source(s, explicit, model_table, Config):
-    """The checkpoint a fine-tuning run starts from; its architecture becomes this run's (flags may
-    change dropout only). A retrofit, --embedding=lev from a tied or untied source, takes LEV's
-    settings from this run instead (source["retrofit"] says which; machinery/retrofit.py)."""
+def read_source(s, explicit, model_table):
+    """The checkpoint a fine-tuning run starts from -> (it, the settings it gives the run: its
+    architecture; flags may change dropout only). A retrofit, --embedding=lev from a tied or
+    untied source, keeps LEV's settings from this run instead (source["retrofit"] says which;
+    machinery/retrofit.py)."""
     source, path = checkpoints.read_checkpoint(s["init_from"], "cpu")
     source["retrofit"] = (s["embedding"] == "lev" and "embedding" in explicit
                           and source["model_config"].get("embedding") in ("tied", "untied"))
+    taken = {}
     for key, value in saved_architecture(source["model_config"], model_table).items():
         if source["retrofit"] and (key == "embedding" or key.startswith("lev_")):
             continue  # the new LEV's settings: this run's flags and defaults
@@ -156,10 +162,9 @@ def read_source(s, explicit, model_table, Config):
             raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; "
                                 f"fine-tuning keeps the source's architecture (drop --{key})")
         if key != "dropout" or key not in explicit:
-            s[key] = value
+            taken[key] = value
     source["path"] = path
-    check_settings(s, model_table, Config)
-    return source
+    return source, taken
 
 
 def saved_architecture(model_config, model_table):
@@ -167,7 +172,7 @@ def saved_architecture(model_config, model_table):
     checkpoint was written is filled in by checkpoints.read_checkpoint with the value its model was
     made with, when checkpoints.FIELDS_ADDED lists it; any other missing field gets its default,
     which is also what Config(**model_config) gives the model."""
-    return {key: model_config.get(key, default) for key, (default, _) in model_table.items()}
+    return {key: model_config.get(key, entry[0]) for key, entry in model_table.items()}
 
 
 def check_same_tokens(meta, data, path, advice):
@@ -196,6 +201,50 @@ def describe_chars(trained, data):
     parts = [f"{name} has {''.join(chars)!r} and the other has not"
              for name, chars in sides if chars]
     return "other characters: " + "; ".join(parts)
+
+
+def ckpt_path(s):
+    return os.path.join(s["out_dir"], "ckpt.pt")
+
+
+def resumed_state(ckpt, data_generator, procs, path):
+    """A resumed run's counters (step, tokens_seen, best_val_loss, elapsed_before, origin), with the
+    data order's and torch's random states restored from the checkpoint (data_generator's too)."""
+    restore_rng(ckpt, data_generator, procs.device, path)
+    step, tokens_seen = ckpt["step"], ckpt["tokens_seen"]
+    if step < 0 or tokens_seen < 0:
+        raise SettingsError(f"{path}: step={step}, tokens_seen={tokens_seen} must be >= 0; it was "
+                            f"edited or damaged")
+    if procs.ddp and procs.rank > 0:  # only rank 0's dropout stream is saved
+        torch.manual_seed(ckpt["train_config"]["seed"] + procs.rank + step)
+    return {"step": step, "tokens_seen": tokens_seen, "best_val_loss": ckpt["best_val_loss"],
+            "elapsed_before": float(ckpt.get("elapsed_s", 0.0)), "origin": ckpt.get("origin")}
+
+
+def rng_states(data_generator, procs):
+    """The random states a checkpoint keeps: the data order's and torch's (CUDA's too)."""
+    rng = {"data": data_generator.get_state(), "torch": torch.get_rng_state()}
+    if procs.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(procs.device)
+    return rng
+
+
+def load_optimizer_state(ckpt, optimizer, scaler, path, optimizer_as_saved):
+    """The checkpoint's optimizer (and GradScaler) state into this run's. It is read into the groups
+    its run had (they depend on its lev_lr_scale and lev_wd_scale, 1 in checkpoints older than
+    them: optimizer_as_saved(its train_config) builds them), then handed over parameter by
+    parameter: a resume may change those settings, and with them whether LEV has groups of its own.
+    The groups keep this run's settings."""
+    try:
+        as_saved = optimizer_as_saved(ckpt["train_config"])
+        as_saved.load_state_dict(ckpt["optimizer"])
+        for p, state in as_saved.state.items():
+            optimizer.state[p] = state
+        if "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise SettingsError(f"{path}: its optimizer state does not fit the model "
+                            f"({cli.one_line(e)[:200]}); it was edited or damaged") from None
 
 
 def restore_rng(ckpt, data_generator, device, path):
@@ -249,6 +298,23 @@ class Processes:
     def note(self, line):
         """One line on stderr, from the first process only."""
         self.log(line, file=sys.stderr, flush=True)
+
+    def sum(self, values):
+        """Python numbers summed over the processes (float64), as floats; as given with one."""
+        if not self.ddp:
+            return values
+        sums = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(sums)
+        return sums.tolist()
+
+    def mean(self, values):
+        """Numbers (0-dim tensors or floats, fp32) averaged over the processes in one all-reduce,
+        as floats."""
+        shared = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=self.device)
+                              for v in values])
+        if self.ddp:
+            dist.all_reduce(shared)
+        return [v / self.world for v in shared.tolist()]
 
 
 class Data:
@@ -320,23 +386,23 @@ def read_log(path, before_step):
     return records
 
 
-def report_start(trainer, s):
-    """What the run trains on, with, where, and from which step (train.py's Trainer)."""
-    procs, data, report = trainer.procs, trainer.data, trainer.model.param_report()
+def report_start(model, run, data, procs, s):
+    """What the run trains on, with, where, and from which step."""
+    report = model.param_report()
     tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
     procs.log(f"data: {data.dir}, {data.meta['tokenizer']} tokens, vocab "
               f"{data.meta['vocab_size']:,}, train {len(data.train):,}, val {len(data.val):,} "
               f"tokens ({len(data.val_starts)} eval windows per split)")
-    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     procs.log(f"model: {s['embedding']}, parameters: input embedding "
               f"{report['input_embedding']:,}, backbone {report['backbone']:,}, head "
               f"{report['head']:,}, total {report['total']:,}"
               + (f", trainable {trainable:,} (frozen: {s['freeze']})" if s["freeze"] else ""))
-    if trainer.origin is not None:
-        procs.log(f"fine-tuning {trainer.origin['checkpoint']} (step {trainer.origin['step']}, "
-                  f"dataset {trainer.origin['dataset']}) with a fresh optimizer and schedule")
-    where = (f"resuming at step {trainer.step}" if s["init_from"] == "resume"
-             else f"writing {trainer.ckpt_path}")
+    if run["origin"] is not None:
+        procs.log(f"fine-tuning {run['origin']['checkpoint']} (step {run['origin']['step']}, "
+                  f"dataset {run['origin']['dataset']}) with a fresh optimizer and schedule")
+    where = (f"resuming at step {run['step']}" if s["init_from"] == "resume"
+             else f"writing {ckpt_path(s)}")
     procs.log(f"device {procs.device}, dtype {procs.dtype}, {procs.world} process(es), "
               f"{tokens_per_step:,} tokens per step, {where}")
     if s["init_from"] == "resume" and s["max_iters"] > s["lr_decay_iters"] > 0:

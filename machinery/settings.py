@@ -1,10 +1,10 @@
 """Settings of a script (train.py's): --help, config files of `key = value` lines, --key=value
 flags.
 
-A script's settings are a table, name -> (default, help text), passed in: the default's type is the
-setting's type, and choices (name -> the values allowed) narrows some of them. A config file is
-parsed, never executed. Every problem is a SettingsError of one line that names where it is and what
-to do.
+A script's settings are a table, name -> (default, help text) or (default, help text, rule),
+passed in: the default's type is the setting's type, choices (name -> the values allowed) narrows
+some of them, and a rule (at_least, above, below, ...) bounds a number. A config file is parsed,
+never executed. Every problem is a SettingsError of one line that names where it is and what to do.
 """
 
 import ast
@@ -15,10 +15,45 @@ class SettingsError(ValueError):
     pass
 
 
+def at_least(low):
+    """A rule: the value is >= low (said "at least 1" for 1, ">= low" otherwise)."""
+    said = f"at least {low}" if low == 1 else f">= {low}"
+    return lambda value: None if value >= low else f"must be {said}"
+
+
+def above(low):
+    """A rule: the value is > low."""
+    return lambda value: None if value > low else f"must be > {low}"
+
+
+def below(high, said):
+    """A rule: the value is < high (said: how high is said, e.g. 2^31)."""
+    return lambda value: None if value < high else f"must be below {said}"
+
+
+def within(low, high, said=None):
+    """A rule: low <= value < high (said: how high is said, e.g. 2^31)."""
+    return lambda value: None if low <= value < high else f"must be in [{low}, {said or high})"
+
+
+def all_of(*rules):
+    """A rule: every one of rules, the first complaint said."""
+    return lambda value: next((c for c in (rule(value) for rule in rules) if c), None)
+
+
+def check_rules(settings, table):
+    """Each setting against its table entry's rule, if it has one: a SettingsError for the first
+    that breaks it."""
+    for key, (_, _, *rule) in table.items():
+        complaint = rule[0](settings[key]) if rule else None
+        if complaint:
+            raise SettingsError(f"{key}={settings[key]} {complaint}")
+
+
 def help_text(doc, table):
     """The script's docstring, then every setting with its default and help."""
     lines = [doc.strip(), "", "settings (--key=value, default shown):"]
-    for key, (default, text) in table.items():
+    for key, (default, text, *_) in table.items():
         lines.append(f"  --{key}={default}".ljust(38) + f" {text}")
     return "\n".join(lines)
 
@@ -113,7 +148,7 @@ def too_deep_line(source):
 def parse_args(argv, table, choices, program):
     """argv (config files and --key=value flags, in order) -> (settings, the names set explicitly by
     config files or flags). program: the script's file name, for the hint to its --help."""
-    settings = {key: default for key, (default, _) in table.items()}
+    settings = {key: entry[0] for key, entry in table.items()}
     explicit = set()
     for arg in argv:
         if not arg.startswith("--"):
