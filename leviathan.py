@@ -7,12 +7,16 @@ the output head. Leviathan keeps a full, untied V x n_embd head and replaces the
 LEV (learned embedding vectorization), whose size barely depends on V.
 
 The file is the whole model, top to bottom:
-  1. LEV, the input embedding: its recipe step by step (LEV.reference is the executable spec);
+  1. LEV, the input embedding: its recipe step by step (LEV.reference is the executable spec), then
+     the compact embeddings it competes with;
   2. the backbone: a decoder-only LLaMA-style Transformer (RMSNorm, rotary positions, SwiGLU);
-  3. GPT, the model: one backbone, three input/output arms chosen by Config.embedding:
-       "lev"    LEV input + untied V x n_embd head   (Leviathan)
-       "tied"   one table, shared by input and head  (the usual baseline)
-       "untied" a table and a separate head          (the effect of untying apart from that of LEV)
+  3. GPT, the model: one backbone, five input/output arms chosen by Config.embedding:
+       "lev"        LEV input + untied V x n_embd head   (Leviathan)
+       "tied"       one table, shared by input and head  (the usual baseline)
+       "untied"     a table and a separate head          (the effect of untying apart from LEV's)
+       "digits"     LEV's digits and codebooks, then one linear map, + untied head (LEV's first
+                    stage alone: what the spline stage adds)
+       "factorized" a V x E table, then E -> n_embd, + untied head, E matching LEV's size (ALBERT)
      and generation with a KV cache.
 
 It runs as written. The scripts make it faster by installing fast paths (machinery/runtime.py), each
@@ -28,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-EMBEDDINGS = ("lev", "tied", "untied")
+EMBEDDINGS = ("lev", "tied", "untied", "digits", "factorized")
 
 
 def setting(default, help):
@@ -49,7 +53,8 @@ class Config:
     n_embd: int = setting(384, "model width")
     dropout: float = setting(0.0, "dropout probability")
     embedding: str = setting("lev", "lev (Leviathan: LEV input + untied head), tied or untied "
-                                    "(baselines)")
+                                    "(baselines), digits or factorized (compact inputs + "
+                                    "untied head)")
     # LEV; the defaults are the paper's
     lev_digits: int = setting(3, "LEV: k, digits of a token id, in base b = ceil(V^(1/k))")
     lev_seed_dim: int = setting(128, "LEV: d_seed, width of the seed vector z and of each head's "
@@ -66,6 +71,8 @@ class Config:
     # docs/results.md has the ablation that made it the default
     lev_out_init_std: float = setting(0.002, "LEV (ours; the paper leaves LEV's initialisation "
                                              "open): W_out starts as N(0, std^2 / h)")
+    factorized_dim: int = setting(0, "factorized: E, the width of its V x E table; 0: LEV's size "
+                                     "at this V and n_embd")
 
     def __post_init__(self):
         def need(ok, msg):
@@ -78,6 +85,8 @@ class Config:
                      "lev_seed_dim", "lev_heads", "lev_knots", "lev_rank"):
             value = getattr(self, name)
             need(type(value) is int and value >= 1, f"{name}={value!r} must be a positive integer")
+        need(type(self.factorized_dim) is int and self.factorized_dim >= 0,
+             f"factorized_dim={self.factorized_dim!r} must be an integer >= 0 (0: LEV's size)")
         need(type(self.lev_normalize_basis) is bool,
              f"lev_normalize_basis={self.lev_normalize_basis!r} must be True or False")
         need(self.vocab_size >= 2, f"vocab_size={self.vocab_size} must be at least 2")
@@ -152,7 +161,32 @@ def check_ids(lo, hi, vocab_size):
 RECIPE_CHUNK = 128
 
 
-class LEV(nn.Module):
+class DigitCodebooks(nn.Module):
+    """LEV's first stage, which the digits arm keeps alone: id -> k digits in base b -> seed z, the
+    sum of one codebook row per digit (codebooks C: (k, b, d_seed))."""
+
+    def __init__(self, config):
+        super().__init__()
+        c = config
+        self.vocab_size, self.n_embd = c.vocab_size, c.n_embd
+        self.base = digit_base(c.vocab_size, c.lev_digits)
+        place = self.base ** torch.arange(c.lev_digits - 1, -1, -1)
+        self.register_buffer("place", place, persistent=False)
+        self.codebooks = nn.Parameter(torch.randn(c.lev_digits, self.base, c.lev_seed_dim) * 0.02)
+
+    def digits(self, idx):
+        digits = torch.div(idx.unsqueeze(-1), self.place, rounding_mode="floor")
+        return digits % self.base  # (..., k)
+
+    def seed(self, idx):
+        digits = self.digits(idx)  # (..., k)
+        # F.embedding, not indexing: its backward sums repeated rows in a fixed order on any number
+        # of CPU threads (indexing's does not), so that a resumed run repeats bit for bit
+        rows = (F.embedding(digits[..., i], self.codebooks[i]) for i in range(digits.shape[-1]))
+        return sum(rows)  # (..., d_seed)
+
+
+class LEV(DigitCodebooks):
     """Learned embedding vectorization: token id -> n_embd vector, with O(V^(1/k)) parameters.
 
         digits:  id = sum_i digit_i * b^(k-1-i),  b = ceil(V^(1/k)), most significant digit first
@@ -168,15 +202,10 @@ class LEV(nn.Module):
     """
 
     def __init__(self, config):
-        super().__init__()
+        super().__init__(config)  # the digits and codebooks C
         c = config
-        self.vocab_size, self.n_embd, self.n_knots = c.vocab_size, c.n_embd, c.lev_knots
-        self.normalize_basis = c.lev_normalize_basis
-        self.base = digit_base(c.vocab_size, c.lev_digits)
-        place = self.base ** torch.arange(c.lev_digits - 1, -1, -1)
-        self.register_buffer("place", place, persistent=False)
+        self.n_knots, self.normalize_basis = c.lev_knots, c.lev_normalize_basis
         h, d, r = c.lev_heads, c.lev_seed_dim, c.lev_rank
-        self.codebooks = nn.Parameter(torch.randn(c.lev_digits, self.base, d) * 0.02)  # C
         # x = W_seed z: std 1/sqrt(d) keeps x at z's scale, well above LayerNorm's eps
         self.seed_proj = nn.Parameter(torch.randn(h, d, d) / math.sqrt(d))  # W_seed, per head
         self.ln_weight = nn.Parameter(torch.ones(h, d))
@@ -188,18 +217,7 @@ class LEV(nn.Module):
         self.out_proj = nn.Parameter(w_out)  # W_out
         self.fast_embed = None  # hook: a run's fast path, (lev, ids) -> E (machinery/fast_lev.py)
 
-    # -- the recipe, step by step --
-
-    def digits(self, idx):
-        digits = torch.div(idx.unsqueeze(-1), self.place, rounding_mode="floor")
-        return digits % self.base  # (..., k)
-
-    def seed(self, idx):
-        digits = self.digits(idx)  # (..., k)
-        # F.embedding, not indexing: its backward sums repeated rows in a fixed order on any number
-        # of CPU threads (indexing's does not), so that a resumed run repeats bit for bit
-        rows = (F.embedding(digits[..., i], self.codebooks[i]) for i in range(digits.shape[-1]))
-        return sum(rows)  # (..., d_seed)
+    # -- the recipe, step by step (digits and seed: DigitCodebooks) --
 
     def unit_coords(self, z):
         """z: (N, d_seed) -> t: (N, h, d_seed) = sigmoid(LayerNorm(W_seed z) / 2), per head."""
@@ -255,6 +273,52 @@ class LEV(nn.Module):
         """Materialise the whole V x n_embd input table (e.g. to export LEV as a plain table)."""
         ids = torch.arange(self.vocab_size, device=self.codebooks.device)
         return torch.cat([self.embed_distinct(c) for c in ids.split(4096)])
+
+
+# The compact input embeddings LEV competes with, at its size or below, each with an untied head.
+# Each starts its embeddings at a 0.02-std table's scale, as LEV does (lev_out_init_std).
+
+
+class Digits(DigitCodebooks):
+    """The digits arm: LEV's first stage alone, the seed z mapped to n_embd by one linear map where
+    LEV has its spline stage (a compositional, quotient-remainder embedding):
+        E = z @ W,   W: (d_seed, n_embd)
+    Parameters: k*b*d_seed + d_seed*n_embd. It isolates what LEV's spline product adds."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        k, d = config.lev_digits, config.lev_seed_dim
+        self.proj = nn.Parameter(torch.randn(d, config.n_embd) / math.sqrt(k * d))  # W
+        # z's entries have std 0.02 sqrt(k), so E's have std 0.02
+
+    def forward(self, idx):
+        return self.seed(idx) @ self.proj  # (..., n_embd)
+
+
+def factorized_dim(config):
+    """E for the factorized arm: factorized_dim, or by default the E whose V*E + E*n_embd is nearest
+    LEV's parameters at the same V and n_embd (25 at the CPU config, 11 at the paper's width)."""
+    if config.factorized_dim:
+        return config.factorized_dim
+    k, d, h = config.lev_digits, config.lev_seed_dim, config.lev_heads
+    lev = k * digit_base(config.vocab_size, k) * d + h * (
+        d * d + 2 * d + d * config.lev_knots * config.lev_rank + config.lev_rank * config.n_embd)
+    return max(1, round(lev / (config.vocab_size + config.n_embd)))
+
+
+class Factorized(nn.Module):
+    """The factorized arm (ALBERT's): a V x E table, then E -> n_embd by one linear map:
+        E(i) = T[i] @ W,   T: (V, E), W: (E, n_embd)
+    Parameters: V*E + E*n_embd, with E = factorized_dim(config)."""
+
+    def __init__(self, config):
+        super().__init__()
+        E = factorized_dim(config)
+        self.table = nn.Parameter(torch.randn(config.vocab_size, E) * 0.02)  # T
+        self.proj = nn.Parameter(torch.randn(E, config.n_embd) / math.sqrt(E))  # W: E's std 0.02
+
+    def forward(self, idx):
+        return F.embedding(idx, self.table) @ self.proj  # (..., n_embd)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -368,7 +432,8 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = c = config
-        self.tok_emb = LEV(c) if c.embedding == "lev" else nn.Embedding(c.vocab_size, c.n_embd)
+        compact = {"lev": LEV, "digits": Digits, "factorized": Factorized}.get(c.embedding)
+        self.tok_emb = compact(c) if compact else nn.Embedding(c.vocab_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c, layer) for layer in range(c.n_layer)])
         self.norm = RMSNorm(c.n_embd)
@@ -380,8 +445,8 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         # init as GPT-2/nanoGPT: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)
         for name, p in self.named_parameters():
-            if name.startswith("tok_emb.") and c.embedding == "lev":
-                continue  # LEV initialises itself
+            if name.startswith("tok_emb.") and compact:
+                continue  # LEV and the compact arms initialise themselves
             if p.dim() == 2:
                 residual = name.endswith(("proj.weight", "down.weight"))
                 std = 0.02 / math.sqrt(2 * c.n_layer) if residual else 0.02

@@ -436,10 +436,9 @@ def test_configure_optimizers_decays_matrices_only(arm):
         if p.dim() == 1 or name == "tok_emb.spline":
             assert name in plain, f"{name} should not be decayed"
     matrices = ["blocks.0.attn.qkv.weight", "blocks.1.mlp.down.weight"]
-    if arm == "lev":
-        matrices += ["tok_emb.codebooks", "tok_emb.seed_proj", "tok_emb.out_proj", "lm_head.weight"]
-    else:
-        matrices += ["tok_emb.weight"] + (["lm_head.weight"] if arm == "untied" else [])
+    own = {"lev": ["codebooks", "seed_proj", "out_proj"], "digits": ["codebooks", "proj"],
+           "factorized": ["table", "proj"]}.get(arm, ["weight"])
+    matrices += [f"tok_emb.{name}" for name in own] + (["lm_head.weight"] if arm != "tied" else [])
     assert set(matrices) <= decayed
 
 
