@@ -235,11 +235,14 @@ def model_flops_per_token(model, distinct_per_token):
     """Training FLOPs per token (forward + backward = 3x forward, recomputation not counted, as in
     MFU): the backbone (backbone_flops_per_token), the head 6 V n_embd, and the input embedding: 0
     for a table (a lookup), 3x LEV's forward per distinct id for lev, times the distinct ids per
-    token of the batch."""
+    token of the batch, and for digits and factorized their linear map's 6 x its size per token
+    (its input's width d_seed or E, times n_embd)."""
     c = model.config
     flops = backbone_flops_per_token(model) + 6 * c.vocab_size * c.n_embd
     if c.embedding == "lev":
         flops += 3 * lev_forward_flops_per_id(c) * distinct_per_token
+    if c.embedding in ("digits", "factorized"):
+        flops += 6 * model.tok_emb.proj.numel()
     return flops
 
 

@@ -70,3 +70,17 @@ def test_one_arm_one_table_without_lev_compile(run_cli, tmp_path, monkeypatch):
 def test_bad_flags_fail_with_a_message(run_cli, flag, message):
     code, out, err = run_cli(bench.main, [flag])
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_the_compact_arms_are_timed_and_counted(run_cli, tmp_path, monkeypatch):
+    """digits and factorized: step time, and their linear map's FLOPs on top of tied's."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(bench.main, TOY + ["--tables=train", "--heads=lean",
+                                                "--embedding=tied,digits,factorized",
+                                                "--json=figures.json"])
+    assert code == 0, err
+    train = json.loads((tmp_path / "figures.json").read_text())["train"]
+    assert train["digits"]["ms_per_step"] > 0 and train["factorized"]["over_tied"] > 0
+    d_seed = 128  # the default lev_seed_dim
+    extra = train["digits"]["model_flops_per_token"] - train["tied"]["model_flops_per_token"]
+    assert extra == 6 * d_seed * 16

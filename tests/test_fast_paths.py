@@ -53,6 +53,8 @@ def plain_and_fast(arm, **runtime):
     ("lev", "torch"),
     ("tied", None),
     ("untied", None),
+    ("digits", None),
+    ("factorized", None),
 ])
 def test_training_with_fast_paths_gives_the_plain_models_losses(arm, kernels):
     if kernels == "c" and c_library() is None:
@@ -68,7 +70,7 @@ def test_training_with_fast_paths_gives_the_plain_models_losses(arm, kernels):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-9, msg=name)
 
 
-@pytest.mark.parametrize("arm", ["lev", "tied"])
+@pytest.mark.parametrize("arm", ["lev", "tied", "digits", "factorized"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generation_with_fast_decoding_gives_the_plain_models_tokens(arm, temperature):
     plain, fast = plain_and_fast(arm)

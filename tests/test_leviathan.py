@@ -597,3 +597,48 @@ def test_lev_backward_repeats_bit_for_bit_on_two_threads():
         torch.set_num_threads(previous)
     for again in grads[1:]:
         assert all(torch.equal(a, b) for a, b in zip(grads[0], again, strict=True))
+
+
+# --------------------------------------------------------------------------------------------------
+# The compact arms: digits (LEV's first stage alone) and factorized (ALBERT's)
+
+
+@pytest.mark.parametrize("vocab_size, n_embd, k, d_seed", [(61, 12, 3, 16), (50257, 128, 3, 128),
+                                                            (200376, 2048, 3, 128)])
+def test_compact_arms_param_formulas(vocab_size, n_embd, k, d_seed):
+    """digits: k*b*d_seed + d_seed*n_embd; factorized: V*E + E*n_embd, E nearest LEV's size."""
+    size = dict(vocab_size=vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=n_embd,
+                lev_digits=k, lev_seed_dim=d_seed)
+    with torch.device("meta"):  # shapes only
+        digits = GPT(Config(**size, embedding="digits")).param_report()
+        factorized = GPT(Config(**size, embedding="factorized"))
+    assert digits["input_embedding"] == k * digit_base(vocab_size, k) * d_seed + d_seed * n_embd
+    E = factorized.tok_emb.table.shape[1]
+    report = factorized.param_report()
+    assert report["input_embedding"] == vocab_size * E + E * n_embd
+    lev = lev_param_count(vocab_size, n_embd, lev_digits=k, lev_seed_dim=d_seed)
+    assert abs(report["input_embedding"] - lev) <= (vocab_size + n_embd) / 2  # the nearest E
+    assert digits["head"] == report["head"] == vocab_size * n_embd  # untied heads
+    if (vocab_size, n_embd) == (50257, 128):
+        assert E == 25
+
+
+def test_factorized_dim_can_be_set():
+    model = tiny_model("factorized", factorized_dim=5)
+    assert model.tok_emb.table.shape == (V, 5) and model.tok_emb.proj.shape == (5, 32)
+    with pytest.raises(ValueError, match="factorized_dim=-1 must be an integer >= 0"):
+        tiny_config("factorized", factorized_dim=-1)
+
+
+@pytest.mark.parametrize("arm", ["digits", "factorized"])
+def test_compact_arms_start_at_a_tables_scale(arm):
+    """Their embeddings start with entries of std ~0.02, as a 0.02-std table's (and LEV's)."""
+    torch.manual_seed(0)
+    model = GPT(Config(vocab_size=5000, block_size=8, n_layer=1, n_head=2, n_embd=128,
+                       embedding=arm))
+    with torch.no_grad():
+        E = model.embed(torch.arange(5000).view(1, -1))
+    assert 0.015 < E.std().item() < 0.025
+    digits_share = tiny_model("digits").tok_emb.seed(torch.arange(V))
+    lev_share = tiny_model("lev").tok_emb.seed(torch.arange(V))
+    assert digits_share.shape == lev_share.shape  # the same first stage

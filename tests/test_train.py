@@ -144,6 +144,30 @@ def test_resume_is_exact_on_two_threads(tmp_path, char_data, capsys, arm):
     assert all(torch.equal(final[k], resumed[k]) for k in final)
 
 
+@pytest.mark.parametrize("arm", ["digits", "factorized"])
+def test_compact_arms_train_resume_fine_tune_and_evaluate(tmp_path, char_data, capsys, arm):
+    """The compact arms through every path a run takes: 4 steps equal 2 + resumed 2, a fine-tune
+    starts from the run, and eval.py scores it beside a tied run."""
+    run = [f"--embedding={arm}", "--eval_interval=2", "--lr_decay_iters=4"]
+    assert run_train(capsys, char_data, tmp_path / "straight", *run, "--max_iters=4")[0] == 0
+    assert run_train(capsys, char_data, tmp_path / "split", *run, "--max_iters=2")[0] == 0
+    code, out, _ = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume",
+                             "--max_iters=4")
+    assert code == 0 and "resuming at step 2" in out
+    assert losses(tmp_path / "split") == losses(tmp_path / "straight")
+    final, resumed = weights(tmp_path / "straight"), weights(tmp_path / "split")
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+    code, out, err = run_train(capsys, char_data, tmp_path / "ft", "--max_iters=2",
+                               f"--init_from={tmp_path / 'straight'}")
+    assert code == 0 and "fine-tuning" in out, err
+    assert run_train(capsys, char_data, tmp_path / "tied", "--embedding=tied", "--max_iters=4",
+                     "--eval_interval=2")[0] == 0
+    code = ev.main([str(tmp_path / "tied"), str(tmp_path / "straight"),
+                    f"--data_dir={char_data}", "--lambada_max=0", "--device=cpu"])
+    out = capsys.readouterr().out
+    assert code is None and f"| {arm} | 4 | " in out and "## Token efficiency" in out
+
+
 def test_resuming_a_finished_run_keeps_every_record(tmp_path, char_data, capsys):
     """A finished run resumed with a larger max_iters (and another eval_interval): log.jsonl keeps
     every record it had, the last one (the checkpoint's step) as it was, and goes on."""
