@@ -156,6 +156,28 @@ def test_resuming_an_edited_or_foreign_checkpoint_is_refused(tmp_path, char_data
     assert not (tmp_path / "PWNED").exists()
 
 
+def test_a_run_stopped_before_its_first_save_is_started_again(tmp_path, char_data, run_cli,
+                                                              monkeypatch):
+    """Ctrl-C while a scratch run loads its data: one line, exit 130, a log.jsonl but no
+    checkpoint; that is no run, so the same command starts it again (a fine-tune or a retrofit
+    likewise: tests/test_retrofit.py)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "log.jsonl").write_text('{"step": 0, "tokens": 0, "val_loss": 9.0}\n')
+    data = train.runs.Data
+
+    def interrupted(s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train.runs, "Data", interrupted)
+    code, _, err = train_cli(run_cli, char_data, out, "--max_iters=2")
+    assert code == 130 and err.count("\n") == 1 and "no checkpoint was saved yet" in err
+    monkeypatch.setattr(train.runs, "Data", data)
+    code, _, err = train_cli(run_cli, char_data, out, "--max_iters=2", "--eval_interval=2")
+    assert code == 0, err
+    assert (out / "ckpt.pt").exists()
+
+
 def test_a_scratch_run_never_replaces_a_run_unless_asked(tmp_path, char_data, run_cli, trained):
     before = (trained / "ckpt.pt").read_bytes()
     code, _, err = train_cli(run_cli, char_data, trained, "--max_iters=1")
