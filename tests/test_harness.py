@@ -477,7 +477,7 @@ def test_bad_task_configs_and_data_files_are_one_line(lm_eval, tmp_path):
         check_task_configs(["--include_path", str(configs), "--tasks", "b"])
 
 
-def test_an_lm_eval_without_a_helper_the_adapter_uses_is_one_line():
+def test_an_lm_eval_without_a_helper_the_adapter_uses_is_one_line(lm_eval):
     hide = ("import runpy, sys; import lm_eval.models.utils as u; del u.normalize_gen_kwargs; "
             "sys.argv = ['harness.py', '--tasks', 'x']; runpy.run_path('harness.py', "
             "run_name='__main__')")
