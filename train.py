@@ -200,7 +200,7 @@ def start_run(s, ckpt, data, procs):
         runs.check_same_tokens(ckpt["meta"], data, path, "resume on data with the same "
                                "tokenizer, or train from scratch in another out_dir")
         model = checkpoints.build_model(ckpt, path, GPT, Config).train()
-        run.update(runs.resumed_state(ckpt, run["data_order"], procs, path))
+        run.update(runs.resumed_state(ckpt, run["data_order"], procs, path, s["seed"]))
         return model, run
     torch.manual_seed(s["seed"])  # the model's initialization
     config = Config(vocab_size=data.meta["vocab_size"], **{key: s[key] for key in MODEL})

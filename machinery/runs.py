@@ -207,16 +207,17 @@ def ckpt_path(s):
     return os.path.join(s["out_dir"], "ckpt.pt")
 
 
-def resumed_state(ckpt, data_generator, procs, path):
+def resumed_state(ckpt, data_generator, procs, path, seed):
     """A resumed run's counters (step, tokens_seen, best_val_loss, elapsed_before, origin), with the
-    data order's and torch's random states restored from the checkpoint (data_generator's too)."""
+    data order's and torch's random states restored from the checkpoint (data_generator's too;
+    seed: the run's, which the other processes' dropout streams start from)."""
     restore_rng(ckpt, data_generator, procs.device, path)
     step, tokens_seen = ckpt["step"], ckpt["tokens_seen"]
     if step < 0 or tokens_seen < 0:
         raise SettingsError(f"{path}: step={step}, tokens_seen={tokens_seen} must be >= 0; it was "
                             f"edited or damaged")
     if procs.ddp and procs.rank > 0:  # only rank 0's dropout stream is saved
-        torch.manual_seed(ckpt["train_config"]["seed"] + procs.rank + step)
+        torch.manual_seed(seed + procs.rank + step)
     return {"step": step, "tokens_seen": tokens_seen, "best_val_loss": ckpt["best_val_loss"],
             "elapsed_before": float(ckpt.get("elapsed_s", 0.0)), "origin": ckpt.get("origin")}
 
