@@ -190,14 +190,14 @@ def report_speed(args, model, device, seconds, seconds_after_first):
 
 
 def fast_paths_state(model, args):
-    """on, off (--plain), or which of them stepped aside for an edited leviathan.py."""
+    """on, off (--plain), or which of them stepped aside (their check's note says why)."""
     if args.plain:
         return "off"
     hooks = {"decoding": model.fast_decoding}
     if model.config.embedding == "lev":
         hooks["lev"] = model.tok_emb.fast_embed
     aside = [name for name, hook in hooks.items() if hook is None]
-    return f"on except {'+'.join(aside)} (leviathan.py edited)" if aside else "on"
+    return f"on except {'+'.join(aside)} (see the note above)" if aside else "on"
 
 
 def main(argv=None):

@@ -270,8 +270,8 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
     processes together so that the data order does not depend on how many share the work; a
     progress line every log_interval steps. model: the plain module (evaluation, checkpoints);
     train_model: what steps (torch.compile'd, DDP-wrapped). Returns the exit code: 0 done, 1
-    diverged (nothing saved: a non-finite loss, gradient norm or val loss), 130 stopped by Ctrl-C
-    or SIGTERM (saved after the step)."""
+    diverged (nothing saved: a non-finite loss, gradient norm, val loss or weight), 130 stopped by
+    Ctrl-C or SIGTERM (saved after the step)."""
     T, B, accum = s["block_size"], s["batch_size"], s["gradient_accumulation_steps"]
     fast_model = train_model.module if procs.ddp else train_model  # no DDP in evaluation
     grad_stats = GradStats(model, s["grad_clip"])  # the steps since the previous record
@@ -394,7 +394,8 @@ def train(given, explicit):
     if procs.ddp:
         dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
     log_path = os.path.join(s["out_dir"], "log.jsonl")
-    evaluated = run["step"] if resuming and runs.logged(log_path, run["step"]) else None
+    logged = procs.from_master(resuming and runs.logged(log_path, run["step"]))
+    evaluated = run["step"] if logged else None  # its record is in the log: not evaluated again
     if procs.master:
         runs.start_log(log_path, resuming, run["step"])
     runs.report_start(model, run, data, procs, s)
@@ -428,7 +429,8 @@ def main(argv=None):
         return train(settings, explicit)
     except KeyboardInterrupt:  # outside the training loop (which saves, then stops): at once
         if os.environ.get("RANK", "0") == "0":
-            print(f"train.py: stopped (Ctrl-C); {runs.what_was_kept(settings)}", file=sys.stderr)
+            print(f"train.py: stopped (Ctrl-C); {runs.what_was_kept(settings, SETTINGS)}",
+                  file=sys.stderr)
         return 130
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint (SettingsError included)
         message = cli.one_line(e) + runs.advice_for_os_error(e)

@@ -230,8 +230,9 @@ def efficiency_runs(results, dataset):
 
 
 def efficiency_table(results, target_loss, dataset):
-    """Measurement 3: the training tokens each run of the scored dataset needed to reach the final
-    val loss of the first of them (the baseline, unless --dataset chose another dataset)."""
+    """Measurement 3: the training tokens each run of the scored dataset needed to reach the val
+    loss at its checkpoint of the first of them (the baseline, unless --dataset chose another
+    dataset)."""
     runs = efficiency_runs(results, dataset)
     others = [f"{r['label']} (on {r['dataset']!r})" for r in results if r["dataset"] != dataset]
     note = (f"\n\n- left out: {', '.join(others)}: trained on another dataset (a log.jsonl "

@@ -81,6 +81,8 @@ def check(owner, hook, part, outputs, compare, say):
     try:
         with exact_arithmetic(owner):
             found = compare(*with_and_without(owner, hook, outputs))
+    except (torch.OutOfMemoryError, MemoryError):
+        raise  # the machine's limit, not the code's: the script says what to do
     except Exception as error:  # a probe that fails: the model as written, never a traceback
         found = error
     tol = tolerance(owner)
@@ -114,6 +116,8 @@ def exact_arithmetic(module):
     flags = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32")]
     saved = [getattr(backend, name) for backend, name in flags]
     cuda = [device] if device.type == "cuda" else []
+    # torch.manual_seed reseeds MPS too, which fork_rng does not put back
+    mps = torch.mps.get_rng_state() if device.type == "mps" else None
     try:
         for backend, name in flags:
             setattr(backend, name, False)
@@ -122,6 +126,8 @@ def exact_arithmetic(module):
     finally:
         for (backend, name), value in zip(flags, saved, strict=True):
             setattr(backend, name, value)
+        if mps is not None:
+            torch.mps.set_rng_state(mps)
 
 
 def with_and_without(owner, hook, outputs):
@@ -278,14 +284,16 @@ def scaled_weights(model, factor):
     of d_seed factors would overflow); lev_outputs widens LEV its own way."""
     lev = {id(p) for p in model.tok_emb.parameters()} if model.config.embedding == "lev" else set()
     params = [p for p in model.parameters() if id(p) not in lev] if factor != 1 else []
+    scaled = []  # undone exactly, even after an interruption halfway
     try:
         with torch.no_grad():
             for p in params:
                 p.mul_(factor)
+                scaled.append(p)
         yield
     finally:
         with torch.no_grad():
-            for p in params:
+            for p in scaled:
                 p.mul_(1 / factor)
 
 

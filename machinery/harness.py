@@ -361,8 +361,17 @@ def check_task_configs(argv):
                 raise AdapterError(f"{path} is not a readable task config "
                                    f"({cli.one_line(e)[:200]}); fix it, or move it out of "
                                    f"--include_path") from None
-            if isinstance(config, dict) and asked & {config.get("task"), config.get("tag")}:
+            if isinstance(config, dict) and asked & config_names(config):
                 check_json_data(path, config)
+
+
+def config_names(config):
+    """The names a task config answers to: its task and its tags (a name or a list of names)."""
+    names = set()
+    for value in (config.get("task"), config.get("tag")):
+        values = value if isinstance(value, list) else [value]
+        names |= {v for v in values if isinstance(v, str)}
+    return names
 
 
 def check_json_data(config_path, config):

@@ -300,6 +300,14 @@ class Processes:
         """One line on stderr, from the first process only."""
         self.log(line, file=sys.stderr, flush=True)
 
+    def from_master(self, value):
+        """The first process's value, on every process (a decision they must share)."""
+        if not self.ddp:
+            return value
+        shared = [value]
+        dist.broadcast_object_list(shared, src=0)
+        return shared[0]
+
     def sum(self, values):
         """Python numbers summed over the processes (float64), as floats; as given with one."""
         if not self.ddp:
@@ -412,10 +420,14 @@ def report_start(model, run, data, procs, s):
                   f"change the schedule")
 
 
-def what_was_kept(s):
-    """After a stop outside the training loop: what out_dir holds, and how to go on."""
-    out_dir = s and s["out_dir"]
-    if not out_dir or "{" in out_dir or not os.path.isdir(out_dir):
+def what_was_kept(s, table):
+    """After a stop outside the training loop: what out_dir holds, and how to go on (s: the
+    settings as given, out_dir's {name}s not yet filled in)."""
+    try:
+        out_dir = s and formatted_out_dir(s, table)
+    except SettingsError:
+        out_dir = None
+    if not out_dir or not os.path.isdir(out_dir):
         return "nothing was written"
     if os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
         return (f"{out_dir}/ckpt.pt keeps the last saved state; continue with --out_dir={out_dir} "

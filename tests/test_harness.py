@@ -471,6 +471,9 @@ def test_bad_task_configs_and_data_files_are_one_line(lm_eval, tmp_path):
                                            r"JSON object on one line"):
         check_task_configs(argv)
     check_task_configs(["--include_path", str(configs), "--tasks", "other"])  # not asked for
+    (configs / "group.yaml").write_text("task: [mine, other]\ntag: [g1, g2]\n")  # lists of names
+    with pytest.raises(AdapterError, match=r"data\.jsonl:2"):
+        check_task_configs(["--include_path", str(configs), "--tasks", "g1,mine"])
     (configs / "broken.yaml").write_text("task: b\ndataset_path: json\n  bad: [\n")
     with pytest.raises(AdapterError, match=r"broken\.yaml is not a readable task config \(.*line "
                                            r"3.*\); fix it, or move it out of --include_path"):

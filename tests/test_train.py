@@ -516,6 +516,18 @@ def test_the_machine_refusing_to_write_gets_advice():
     assert runs.advice_for_os_error(FileNotFoundError("no checkpoint at x")) == ""
 
 
+def test_a_stop_before_the_loop_says_what_out_dir_holds(tmp_path):
+    """What Ctrl-C outside the loop reports: out_dir's {name}s filled in as the run would."""
+    s, _ = settings.parse_args([f"--out_dir={tmp_path}/out-{{embedding}}"], train.SETTINGS,
+                               train.CHOICES, "train.py")
+    assert runs.what_was_kept(s, train.SETTINGS) == "nothing was written"
+    (tmp_path / "out-lev").mkdir()
+    assert "no checkpoint was saved yet" in runs.what_was_kept(s, train.SETTINGS)
+    (tmp_path / "out-lev" / "ckpt.pt").write_bytes(b"")
+    assert "--init_from=resume" in runs.what_was_kept(s, train.SETTINGS)
+    assert runs.what_was_kept(None, train.SETTINGS) == "nothing was written"
+
+
 def test_settings_files_then_flags_and_the_shipped_configs():
     def parse_args(argv):
         return settings.parse_args(argv, train.SETTINGS, train.CHOICES, "train.py")
