@@ -275,7 +275,7 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
     T, B, accum = s["block_size"], s["batch_size"], s["gradient_accumulation_steps"]
     fast_model = train_model.module if procs.ddp else train_model  # no DDP in evaluation
     grad_stats = GradStats(model, s["grad_clip"])  # the steps since the previous record
-    log_path = os.path.join(s["out_dir"], "log.jsonl")
+    log_path = runs.log_path(s)
     t_log, steps_since_log, clipped_since_log, last_eval_s = time.time(), 0, 0, 0.0
     while True:
         step = run["step"]
@@ -393,7 +393,7 @@ def train(given, explicit):
     # joining the group waits for every process: all have checked out_dir before log.jsonl exists
     if procs.ddp:
         dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
-    log_path = os.path.join(s["out_dir"], "log.jsonl")
+    log_path = runs.log_path(s)
     logged = procs.from_master(resuming and runs.logged(log_path, run["step"]))
     evaluated = run["step"] if logged else None  # its record is in the log: not evaluated again
     if procs.master:

@@ -89,11 +89,11 @@ def resolve_run(given, explicit, table, choices, model_table, Config):
                             f"drop --{fit_flags[0]}")
     s["out_dir"] = formatted_out_dir(s, table)
     cli.check_output_dir(s["out_dir"], "out_dir")
-    ckpt_path = os.path.join(s["out_dir"], "ckpt.pt")
+    path = ckpt_path(s)
     if s["init_from"] != "resume":  # a new run: from scratch, or fine-tuning a checkpoint
         # a run is a checkpoint: a log.jsonl alone is a run that stopped before its first save
         # (Ctrl-C or a failure during the retrofit's fit, say), and the same command starts anew
-        if os.path.exists(ckpt_path) and not s["overwrite"]:
+        if os.path.exists(path) and not s["overwrite"]:
             raise SettingsError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
                                 f"--init_from=resume, train into another --out_dir, or pass "
                                 f"--overwrite to replace it")
@@ -104,12 +104,12 @@ def resolve_run(given, explicit, table, choices, model_table, Config):
                                 f"fine-tune into another --out_dir (or continue that run with "
                                 f"--init_from=resume)")
         return s, source
-    if not os.path.isfile(ckpt_path):
+    if not os.path.isfile(path):
         raise SettingsError(f"{s['out_dir']} holds no ckpt.pt to resume (a run stopped before its "
                             f"first save keeps none); start it again without --init_from=resume, "
                             f"or fix --out_dir")
-    ckpt, _ = checkpoints.read_checkpoint(ckpt_path, "cpu", for_resume=True)
-    s.update(resumed_settings(ckpt, ckpt_path, s, explicit, table, choices, model_table))
+    ckpt, _ = checkpoints.read_checkpoint(path, "cpu", for_resume=True)
+    s.update(resumed_settings(ckpt, path, s, explicit, table, choices, model_table))
     check_settings(s, table, model_table, Config)
     return s, ckpt
 
@@ -205,6 +205,10 @@ def describe_chars(trained, data):
 
 def ckpt_path(s):
     return os.path.join(s["out_dir"], "ckpt.pt")
+
+
+def log_path(s):
+    return os.path.join(s["out_dir"], "log.jsonl")
 
 
 def resumed_state(ckpt, data_generator, procs, path, seed):
@@ -362,19 +366,19 @@ def all_finite(model):
 # log.jsonl, the start report, progress lines and the stop signals
 
 
-def start_log(log_path, resuming, step):
+def start_log(path, resuming, step):
     """log.jsonl: a resumed run keeps the records up to its step (a record of a later step belongs
     to a run that went on after this checkpoint, and the resumed run redoes it); a new run starts
     anew."""
-    records = read_log(log_path, step + 1) if resuming else []
-    with cli.atomic_path(log_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    records = read_log(path, step + 1) if resuming else []
+    with cli.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
-def logged(log_path, step):
+def logged(path, step):
     """Whether log.jsonl holds a record of this step: a resumed run does not evaluate it again (the
     record keeps its gradient statistics, which a resume does not have)."""
-    return any(r["step"] == step for r in read_log(log_path, step + 1))
+    return any(r["step"] == step for r in read_log(path, step + 1))
 
 
 def read_log(path, before_step):
