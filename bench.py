@@ -1,5 +1,5 @@
 r"""
-Measure speed and memory of the three arms, of LEV alone, and of generation.
+Measure speed and memory of the arms, of LEV alone, and of generation.
 
     python bench.py                                  # CPU, the small Tiny Shakespeare config
     python bench.py --device=cuda --compile --n_layer=6 --n_head=6 --n_embd=384 --block_size=256 \
@@ -15,10 +15,10 @@ Three tables:
   2. LEV alone against nn.Embedding for N ids, forward + backward: the plain recipe (LEV.reference),
      the fast path with its C kernels (CPU: what training uses there), its torch kernels compiled
      and eager, and the one-off cost of materialising the whole V x n_embd table.
-  3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1) with and without the KV
-     cache, for lev with and without its per-id embedding cache, and with the one-token steps
-     compiled (sample.py --compile; --no-gen_compile skips it). The variants of an arm take turns,
-     --gen_rounds times; the best round counts.
+  3. generation: tokens/s for --gen_tokens new tokens (greedy, batch 1), as sample.py runs it,
+     with and without the KV cache, and with the model compiled (sample.py --compile;
+     --no-gen_compile skips it); with --nanogpt=PATH/model.py, karpathy/nanoGPT's generate at the
+     same shape too. The variants take turns, --gen_rounds times; the median counts.
 Batches come from data/<dataset>/train.bin when it exists (real text: a Tiny Shakespeare batch of
 2,048 tokens holds ~800 distinct ids, which is what LEV's cost depends on), else from a Zipf(1.1)
 stand-in, said so.
@@ -43,8 +43,8 @@ from machinery.cli import atomic_path
 from machinery.dataset import load_meta, load_split
 from machinery.devices import resolve_device
 from machinery.fast_lev import FastEmbedder
-from machinery.fast_path_check import check_lev
-from machinery.runtime import set_runtime
+from machinery.fast_paths import check_lev, install_fast_paths
+from train import make_optimizer
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
@@ -90,8 +90,11 @@ def make_parser():
     p.add_argument("--gen_rounds", type=int, default=3,
                    help="table 3: rounds, each timing every variant once")
     p.add_argument("--gen_compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="table 3: also time the compiled one-token steps (compiling takes ~10-40 s "
-                        "per arm)")
+                   help="table 3: also time the compiled model (sample.py --compile; compiling "
+                        "takes ~10-40 s per arm)")
+    p.add_argument("--nanogpt", default=None, metavar="PATH/model.py",
+                   help="table 3: also time karpathy/nanoGPT's generate (its model.py, not part "
+                        "of this project), side by side")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--json", default=None, help="write every figure to this JSON file")
     return p
@@ -189,10 +192,10 @@ def batch_source(args):
     return vocab_size, get_batch, what
 
 
-def run_settings(args, head="lean", **generation):
-    """set_runtime's keywords for the arms of table 1 (and generation's, given)."""
-    return dict(lev_chunk=args.lev_chunk, lev_compile=args.lev_compile,
-                lev_c_kernels=args.lev_c_kernels, lean_head=head == "lean", **generation)
+def install(model, args, head="lean"):
+    """The fast paths of table 1's arms, as train.py installs them."""
+    lev = FastEmbedder(args.lev_chunk, args.lev_c_kernels, args.lev_compile)
+    return install_fast_paths(model, lev=lev, lean_head=head == "lean")
 
 
 def build(arm, vocab_size, args, head="lean"):
@@ -200,8 +203,9 @@ def build(arm, vocab_size, args, head="lean"):
     config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd, embedding=arm)
     model = GPT(config).to(args.device)
-    set_runtime(model, **run_settings(args, head))
-    optimizer = model.configure_optimizers(0.1, 1e-3, device_type=args.device)
+    install(model, args, head)
+    settings = {"weight_decay": 0.1, "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95}
+    optimizer = make_optimizer(model, settings, args.device)
     return model, optimizer
 
 
@@ -424,40 +428,57 @@ def gen_table(args, results):
     vocab_size, _, _ = batch_source(args)
     n = args.gen_tokens
     print(f"\n## Generation: {n} new tokens, greedy, batch 1, block_size {args.block_size}, "
-          f"{args.device}, float32, best of {args.gen_rounds} interleaved rounds (random-init "
-          f"models; speed does not depend on the weights)")
-    print("| arm | KV cache | LEV cache | one-token steps | tokens/s |\n|---|---|---|---|---:|")
-    rows = []
+          f"{args.device}, float32, {torch.get_num_threads()} threads, median of "
+          f"{args.gen_rounds} interleaved rounds (random-init models; speed does not depend on the "
+          f"weights)")
+    print("| model | KV cache | steps | tokens/s | vs nanoGPT |\n|---|---|---|---:|---:|")
+    prompt = torch.zeros(1, 1, dtype=torch.long, device=args.device)
+    variants = []  # (name, KV cache, steps, generate(max_new_tokens))
+    if args.nanogpt:
+        nano = nanogpt_model(args, vocab_size)
+        variants.append(("nanoGPT", False, "eager", lambda k: nano.generate(prompt, k, top_k=1)))
     for arm in args.arms:
         model, _ = build(arm, vocab_size, args)
         model.eval()
-        compiled, uncached = None, None
-        if args.gen_compile:
-            compiled = copy.copy(model)  # the same weights; only its run settings differ
-            set_runtime(compiled, **run_settings(args, compile_decode=True))
-        if arm == "lev":
-            uncached = set_runtime(copy.copy(model), **run_settings(args, lev_cache=False))
-        prompt = torch.zeros(1, 1, dtype=torch.long, device=args.device)
-        # (model, KV cache, LEV cache): the default first, then each cache off, then compiled steps
-        variants = [(model, True, True), (model, False, True)]
-        variants += [(uncached, True, False), (uncached, False, False)] if arm == "lev" else []
-        variants += [(compiled, True, True)] if compiled is not None else []
-        best = [0.0] * len(variants)
-        for _ in range(args.gen_rounds):
-            for i, (m, kv, _) in enumerate(variants):
-                # warm-up (and compiling, the first time)
-                m.generate(prompt, 8, 0.0, None, None, kv)
-                seconds = timed(args.device, m.generate, prompt, n, 0.0, None, None, kv)
-                best[i] = max(best[i], n / seconds)
-        for (m, kv, lev_cache), tokens_per_s in zip(variants, best, strict=True):
-            steps = "compiled" if m is compiled else "eager"
-            rows.append({"arm": arm, "kv_cache": kv,
-                         "lev_cache": lev_cache if arm == "lev" else None,
-                         "steps": steps, "tokens_per_s": tokens_per_s})
-            kv_state = "on" if kv else "off"
-            lev_state = ("on" if lev_cache else "off") if arm == "lev" else "-"
-            print(f"| {arm} | {kv_state} | {lev_state} | {steps} | {tokens_per_s:,.0f} |")
+        install_fast_paths(model, lev=FastEmbedder(compile_kernels=False))  # as sample.py
+        for kv in (True, False):
+            variants.append((arm, kv, "eager", lambda k, m=model, kv=kv: m.generate(
+                prompt, k, 0.0, use_cache=kv)))
+        if args.gen_compile:  # sample.py --compile: the same weights, the model compiled
+            compiled = copy.copy(model)
+            compiled.compile()
+            variants.append((arm, True, "compiled", lambda k, m=compiled: m.generate(
+                prompt, k, 0.0)))
+    seconds = [[] for _ in variants]
+    for _ in range(args.gen_rounds):
+        for i, (*_, generate) in enumerate(variants):
+            generate(8)  # warm-up (and compiling, the first time)
+            seconds[i].append(timed(args.device, generate, n))
+    rows = []
+    for (name, kv, steps, _), s in zip(variants, seconds, strict=True):
+        tokens_per_s = n / statistics.median(s)
+        rows.append({"model": name, "kv_cache": kv, "steps": steps, "tokens_per_s": tokens_per_s})
+    nano_rate = rows[0]["tokens_per_s"] if args.nanogpt else None
+    for row in rows:
+        ratio = f"{row['tokens_per_s'] / nano_rate:.2f}x" if nano_rate else "-"
+        print(f"| {row['model']} | {'on' if row['kv_cache'] else 'off'} | {row['steps']} | "
+              f"{row['tokens_per_s']:,.0f} | {ratio} |")
     results["generation"] = rows
+
+
+def nanogpt_model(args, vocab_size):
+    """karpathy/nanoGPT's GPT from the model.py at --nanogpt, at table 3's shape (no bias, no
+    dropout, as this project's backbone), in eval mode."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nanogpt_model", args.nanogpt)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.GPTConfig(block_size=args.block_size, vocab_size=vocab_size,
+                              n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                              dropout=0.0, bias=False)
+    torch.manual_seed(args.seed)
+    return module.GPT(config).to(args.device).eval()
 
 
 def main(argv=None):

@@ -43,7 +43,8 @@ from machinery import cli, devices, tasks
 from machinery.checkpoints import load_checkpoint
 from machinery.dataset import BUCKET_LOWER, BUCKETS, eval_windows, get_tokenizer, train_counts
 from machinery.evaluation import check_args, labels, load_data, read_curve, scored_on, write_outputs
-from machinery.runtime import set_runtime
+from machinery.fast_lev import FastEmbedder
+from machinery.fast_paths import install_fast_paths
 
 LAMBADA_RULE = """\
 LAMBADA-style task: the validation split is decoded with the checkpoints' tokenizer and cut into
@@ -274,8 +275,8 @@ def parse_args(argv):
                    "per-bucket perplexity bars (needs matplotlib)")
     p.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
     p.add_argument("--plain", action="store_true", help="run the models exactly as leviathan.py "
-                   "writes them, without LEV's fast path (machinery/runtime.py): slower, the same "
-                   "figures; for a model whose code you edited")
+                   "writes them, without LEV's fast path (machinery/fast_paths.py): slower, the "
+                   "same figures")
     args = p.parse_args(argv)
     try:  # the flags argparse cannot check, refused before anything is loaded
         args.task = check_args(args)
@@ -294,7 +295,7 @@ def load_runs(dirs, device, plain=False, dataset=None):
         except (FileNotFoundError, ValueError) as e:
             fail(str(e))
         # eval.py's run settings: LEV's fast path (unless --plain) and the plain head
-        set_runtime(model, lev_fast=not plain, fast_decoding=False)
+        install_fast_paths(model, lev=None if plain else FastEmbedder())
         ckpt.pop("optimizer", None)  # the largest part, unused here
         arms.append((d, model, ckpt))
     try:

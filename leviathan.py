@@ -19,9 +19,10 @@ The file is the whole model, top to bottom:
        "factorized" a V x E table, then E -> n_embd, + untied head, E matching LEV's size (ALBERT)
      and generation with a KV cache.
 
-It runs as written. The scripts make it faster by installing fast paths (machinery/runtime.py), each
-the same function as the code here (tested in float64, values and gradients): three hooks, all None
-here, are all this file shows of them: LEV.fast_embed, GPT.fast_loss and GPT.fast_decoding.
+It runs as written. The scripts make two narrow functions faster (machinery/fast_paths.py): LEV's
+spline product and the loss of the V-wide head, each tested equal to the code here (float64, values
+and gradients) and checked against it when installed. Two hooks, both None here, are all this file
+shows of them: LEV.fast_embed and GPT.fast_loss.
 """
 
 import math
@@ -244,16 +245,14 @@ class LEV(DigitCodebooks):
     # Kept out of a model-wide torch.compile: the number of distinct ids changes from batch to
     # batch, and each new count would recompile the graph.
     @torch.compiler.disable
-    def forward(self, idx, embed_distinct=None):
+    def forward(self, idx):
         """idx (...) -> (..., n_embd): the same function as reference(), each distinct id of the
-        batch computed once. embed_distinct: what embeds the distinct ids, self.embed_distinct
-        unless a caller brings its own (a generation call's cache of the ids it has met,
-        machinery/fast_lev.py)."""
+        batch computed once."""
         if idx.numel() == 0:
             return self.out_proj.new_zeros(*idx.shape, self.n_embd)
         ids, inverse = torch.unique(idx.reshape(-1), return_inverse=True)
         check_ids(ids[0], ids[-1], self.vocab_size)  # sorted: the extremes are enough
-        emb = (embed_distinct or self.embed_distinct)(ids)  # (U, n_embd)
+        emb = self.embed_distinct(ids)  # (U, n_embd)
         return F.embedding(inverse, emb).view(*idx.shape, self.n_embd)  # as in seed: deterministic
 
     def embed_distinct(self, ids):
@@ -336,19 +335,22 @@ class RMSNorm(nn.Module):
 
 
 def rotary_tables(head_size, length, theta=10000.0):
-    """cos and sin of the rotation angles pos * theta^(-2i/head_size), each (length, 1, 1,
-    head_size/2): shaped to broadcast over the (B, T, 2, nh, hs/2) halves of the queries and keys
-    that Attention rotates together."""
+    """The tables of apply_rotary, each (length, 1, 1, head_size): shaped to broadcast over the
+    (B, T, 2, nh, hs) queries and keys that Attention rotates together. With the angles
+    a_i = pos * theta^(-2i/head_size), i < head_size/2:
+        cos = [cos a, cos a],  sin = [-sin a, sin a]."""
     inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
     angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq).view(length, 1, 1, -1)
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate the pairs (x[..., :hs/2], x[..., hs/2:]) of x: (B, T, 2, nh, hs) by their positions'
-    angles."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+    """Rotate the pairs (x1, x2) = (x[..., :hs/2], x[..., hs/2:]) of x: (B, T, 2, nh, hs) by their
+    positions' angles: (x1 cos a - x2 sin a, x2 cos a + x1 sin a), written as x * cos + the halves
+    swapped * sin with rotary_tables' signs (4 operations: decoding pays a few microseconds per
+    operation, whatever its size)."""
+    return (x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin).type_as(x)
 
 
 class KVCache:
@@ -425,7 +427,7 @@ class Block(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
-# 3. The model: identical backbone, three embedding arms
+# 3. The model: one backbone, five embedding arms
 
 
 class GPT(nn.Module):
@@ -439,7 +441,6 @@ class GPT(nn.Module):
         self.norm = RMSNorm(c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)  # hidden state -> logits
         self.fast_loss = None  # hook: a run's memory-lean head (machinery/lean_head.py)
-        self.fast_decoding = None  # hook: a run's fast one-token steps (machinery/decoder.py)
         cos, sin = rotary_tables(c.n_embd // c.n_head, c.block_size)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -512,39 +513,6 @@ class GPT(nn.Module):
             kv_cache.pos += T
         return self.norm(x)
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas=(0.9, 0.95),
-                             device_type="cpu", lev_lr_scale=1.0, lev_wd_scale=1.0):
-        """AdamW over optimizer_groups (train.py builds its own optimizer from them)."""
-        groups = self.optimizer_groups(weight_decay, lev_lr_scale, lev_wd_scale)
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,
-                                 fused=device_type == "cuda")
-
-    def optimizer_groups(self, weight_decay, lev_lr_scale=1.0, lev_wd_scale=1.0):
-        """The trainable parameters in optimizer groups. Decay matrices and tables (dim >= 2), not
-        norms' gains and biases (LEV's per-head LayerNorm ones are 2-D), and not LEV's spline
-        coefficients S: decay pulls each factor towards 0, and so a 128-factor product much faster
-        still.
-
-        lev_lr_scale, lev_wd_scale: LEV's learning rate and weight decay as multiples of the others'
-        (lev arm only). Each group's "lr_scale" is the factor a schedule multiplies its lr by. With
-        both at 1 there are two groups, decay and no_decay, as before these settings existed, so
-        that older optimizer states still load; otherwise LEV's parameters get groups of their own
-        after those two (one per kind that has parameters)."""
-        not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
-        own_lev_groups = self.config.embedding == "lev" and (lev_lr_scale != 1 or lev_wd_scale != 1)
-        lev_decay = weight_decay * lev_wd_scale
-        groups = {"decay": {"params": [], "weight_decay": weight_decay, "lr_scale": 1.0},
-                  "no_decay": {"params": [], "weight_decay": 0.0, "lr_scale": 1.0},
-                  "lev.decay": {"params": [], "weight_decay": lev_decay, "lr_scale": lev_lr_scale},
-                  "lev.no_decay": {"params": [], "weight_decay": 0.0, "lr_scale": lev_lr_scale}}
-        for name, p in self.named_parameters():
-            if p.requires_grad:
-                kind = "decay" if p.dim() >= 2 and name not in not_decayed else "no_decay"
-                own = own_lev_groups and name.startswith("tok_emb.")
-                groups[f"lev.{kind}" if own else kind]["params"].append(p)
-        return [group for key, group in groups.items()
-                if group["params"] or not key.startswith("lev.")]
-
     # -- generation --
 
     @torch.no_grad()
@@ -579,25 +547,18 @@ class GPT(nn.Module):
     def _stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache):
         block = self.config.block_size
         start = max(0, idx.shape[1] - block)  # the window is idx[:, start:]
-        # (tokens, kv_cache) -> the last position's logits (B, 1, V); a run's fast path is built per
-        # call, as the weights cannot change during it
-        if self.fast_decoding is not None:
-            last_logits = self.fast_decoding(self)
-        else:
-            def last_logits(tokens, kv_cache):
-                return self(tokens, kv_cache=kv_cache)[0]
         kv_cache, fed = None, 0  # with the KV cache: how many tokens of the window it holds
         for _ in range(max_new_tokens):
             if idx.shape[1] - start > block:
                 start = idx.shape[1] - max(1, block // 2)
                 kv_cache = None
             if not use_cache:
-                logits = last_logits(idx[:, start:], None)
+                logits, _ = self(idx[:, start:])
             else:
                 if kv_cache is None:
                     kv_cache, fed = KVCache(self.config.n_layer, block), start
                 # the window's first tokens after a jump, then one token per step
-                logits = last_logits(idx[:, fed:], kv_cache)
+                logits, _ = self(idx[:, fed:], kv_cache=kv_cache)
                 fed = idx.shape[1]
             next_id = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p)
             idx = torch.cat([idx, next_id], dim=1)
@@ -625,7 +586,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
 
 
 if __name__ == "__main__":
-    # python leviathan.py: the parameter table of the three arms at two sizes (built on the meta
+    # python leviathan.py: the parameter table of the five arms at two sizes (built on the meta
     # device: no memory)
     sizes = {"Tiny Shakespeare CPU config (V=50,257, 4 x 4 x 128)":
              dict(vocab_size=50257, n_layer=4, n_head=4, n_embd=128, block_size=128),

@@ -12,8 +12,6 @@ data/NAME/{train,val}.bin + meta.json.
     python prepare_data.py mytext --input=my.txt --tokenizer=o200k_base
     # a corpus: a directory, a glob, .jsonl
     python prepare_data.py stories --input=stories/ --tokenizer=o200k_base
-    # throughput and peak memory on a generated corpus
-    python prepare_data.py --bench
 
 What --input can be:
   one text file  one document, split as in nanoGPT: the first 90% of its characters to train, the
@@ -41,9 +39,8 @@ load_meta, load_split):
                        "text_field" (.jsonl, Parquet), "inputs": [{"name", "bytes", "sha256"}, ...]}
 
 Importing this file has no side effects and loads no torch: numpy and tiktoken only, as in nanoGPT.
-The corpus pipeline is machinery/corpus.py (its readers: machinery/corpus_readers.py; --bench:
-machinery/corpus_bench.py). The reading side named above (get_tokenizer, load_meta, load_split, and
-eval_windows) is machinery/dataset.py.
+The corpus pipeline is machinery/corpus.py (its readers: machinery/corpus_readers.py). The reading
+side named above (get_tokenizer, load_meta, load_split, and eval_windows) is machinery/dataset.py.
 """
 
 import argparse
@@ -54,7 +51,6 @@ import urllib.request
 
 from machinery.cli import ArgumentParser, fail, write_atomic
 from machinery.corpus import prepare_files
-from machinery.corpus_bench import bench
 from machinery.corpus_readers import file_sha256
 from machinery.dataset import KNOWN_DATASETS  # the named datasets: their url, sha256 and tokenizer
 
@@ -107,11 +103,6 @@ def parse_args(argv):
                         "depend on it")
     parser.add_argument("--data_dir", default="data", metavar="DIR",
                         help="folder that holds the datasets (default: data)")
-    parser.add_argument("--bench", action="store_true",
-                        help="measure speed and peak memory on a generated corpus (passages of "
-                        "--input, if given, else made-up text) and prepare nothing")
-    parser.add_argument("--bench_mb", default="200,400", metavar="MB,MB",
-                        help="--bench's corpus sizes in MB (default: 200,400)")
     return parser.parse_args(argv)
 
 
@@ -122,12 +113,8 @@ def check_args(args):
                          "o200k_base")
     if args.workers < 1:
         raise ValueError(f"--workers={args.workers}; give at least 1")
-    if args.bench:
-        if not re.fullmatch(r"\d+(,\d+)*", args.bench_mb) or "0" in args.bench_mb.split(","):
-            raise ValueError(f"--bench_mb={args.bench_mb!r}; give sizes in MB, e.g. 200,400")
-        return
     if args.name is None:
-        raise ValueError("no dataset name; e.g. python prepare_data.py shakespeare (or --bench)")
+        raise ValueError("no dataset name; e.g. python prepare_data.py shakespeare")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name) or args.name in (".", ".."):
         raise ValueError(f"dataset name {args.name!r} must be a plain folder name (letters, "
                          f"digits, _ . -)")
@@ -179,10 +166,6 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         check_args(args)
-        if args.bench:
-            sizes_mb = [int(mb) for mb in args.bench_mb.split(",")]
-            bench(sizes_mb, args.tokenizer or "gpt2", args.workers, args.input)
-            return
         meta, out_dir, stats = run(args)
     except (OSError, ValueError) as e:  # FileNotFoundError and ConnectionError are OSErrors
         fail("prepare_data.py", e)

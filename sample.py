@@ -4,13 +4,14 @@ Sample text from a trained leviathan model, streamed to the terminal as it is ge
     python sample.py --out_dir=out-shakespeare-cpu-lev --start="ROMEO:" --num_samples=3
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0  # greedy
     python sample.py --out_dir=out --num_samples=1 --no_kv_cache            # measure the KV cache
+    python sample.py --out_dir=out --plain  # the model exactly as leviathan.py writes it
 
 The tokenizer comes from the checkpoint's dataset metadata (a char vocabulary or a tiktoken encoding
 name), so a checkpoint samples correctly without repeating how it was trained. Each sample is
 printed (prompt first) as its tokens arrive, samples are separated by a dashed line, and one summary
-line on stderr gives tokens/s and which caches were on. Generation uses the KV cache and, for the
-lev arm, LEV's per-id embedding cache; --no_kv_cache and --no_lev_cache switch them off so that
-their effect on speed can be measured. Defaults follow nanoGPT's sample.py.
+line on stderr gives tokens/s and what was on. Generation is the model's own forward with a KV
+cache (leviathan.GPT.stream); --no_kv_cache switches it off so that its effect on speed can be
+measured. Defaults follow nanoGPT's sample.py.
 """
 
 import argparse
@@ -23,7 +24,8 @@ import torch
 
 from leviathan import GPT, Config
 from machinery import checkpoints, cli, dataset, devices
-from machinery.runtime import set_runtime
+from machinery.fast_lev import FastEmbedder
+from machinery.fast_paths import install_fast_paths
 
 SEPARATOR = "---------------"
 
@@ -59,18 +61,14 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                    help="auto picks cuda, then mps, then cpu")
     p.add_argument("--compile", action="store_true",
-                   help="run the one-token decoding steps through torch.compile (slow to start: "
-                        "the first sample pays ~10-40 s of compiling; used with the KV cache only)")
+                   help="torch.compile the model (slow to start: the first sample pays ~10-40 s "
+                        "of compiling)")
     p.add_argument("--no_kv_cache", action="store_true",
                    help="recompute the whole context for every token (to measure the KV cache's "
                         "speed-up)")
-    p.add_argument("--no_lev_cache", action="store_true",
-                   help="lev arm: recompute LEV embeddings at every step instead of once per id "
-                        "(to measure it)")
     p.add_argument("--plain", action="store_true",
-                   help="run the model exactly as leviathan.py writes it, none of the fast paths "
-                        "of machinery/runtime.py: slower, the same tokens; for a model whose code "
-                        "you edited")
+                   help="run the model exactly as leviathan.py writes it, without LEV's fast path "
+                        "(machinery/fast_paths.py): slower, the same tokens")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads; 0: one for models under 50M parameters (threads that wait "
                         "for each other collapse decoding on a busy machine), torch's default "
@@ -91,7 +89,6 @@ def parse_args(argv):
              "--compile is a fast path, and --plain runs none: drop one of them")]:
         if not ok:
             p.error(message)
-    args.no_lev_cache |= args.plain  # the plain code computes LEV's embeddings at every step
     return args
 
 
@@ -140,23 +137,22 @@ def encode_prompt(prompt, tokenizer, block_size, device):
 
 
 def prepare_model(model, args, device):
-    """Run settings for generation: threads, and the fast paths (machinery/runtime.py): LEV's
-    kernels eager (they compile for training only; generation meets each id once), the KV cache's
-    one-token steps through the Decoder, or with --compile through torch.compile (LEV's
-    data-dependent lookups, torch.unique and the per-id cache, stay eager behind a graph break)."""
+    """Run settings for generation: threads, LEV's fast path with its kernels eager (they compile
+    for training only; generation meets each id once), and with --compile the model through
+    torch.compile (LEV's data-dependent lookup, torch.unique, stays eager behind a graph break)."""
     if device == "cpu":
         torch.set_num_threads(args.threads or devices.pick_threads(model.param_report()["total"]))
     if args.plain:
         return
-    set_runtime(model, lev_compile=False, compile_decode=args.compile,
-                lev_cache=not args.no_lev_cache)
+    install_fast_paths(model, lev=FastEmbedder(compile_kernels=False))
+    if args.compile:
+        model.compile()
 
 
 def write_sample(model, tokenizer, prompt, x, args):
     """One sample, written to stdout as its tokens arrive; returns its text (prompt included)."""
     sys.stdout.write(prompt)
     sys.stdout.flush()
-    # the KV cache is GPT.stream's; LEV's per-id cache is the fast decoder's (prepare_model)
     new_ids = (int(t) for t in model.stream(x, args.max_new_tokens, args.temperature, args.top_k,
                                             args.top_p, use_cache=not args.no_kv_cache))
     pieces = []
@@ -177,27 +173,21 @@ def report_speed(args, model, device, seconds, seconds_after_first):
         rest = (args.num_samples - 1) * args.max_new_tokens
         rate += f" ({rest / max(seconds_after_first, 1e-9):.1f} tokens/s after the first sample)"
     kv_state = "off" if args.no_kv_cache else "on"
-    is_lev = model.config.embedding == "lev"
-    arm = model.config.embedding
-    # LEV's per-id cache belongs to the fast decoder: gone with it when it stepped aside
-    lev_cached = not args.no_lev_cache and model.fast_decoding is not None
-    lev_state = ("on" if lev_cached else "off") if is_lev else f"n/a ({arm} arm)"
     threads = torch.get_num_threads()
     print(f"sample.py: {rate}; {args.num_samples} x {args.max_new_tokens} new tokens, "
-          f"kv_cache={kv_state}, lev_cache={lev_state}, device={device}, threads={threads}, "
+          f"kv_cache={kv_state}, device={device}, threads={threads}, "
           f"compile={'on' if args.compile else 'off'}, fast_paths={fast_paths_state(model, args)}",
           file=sys.stderr)
 
 
 def fast_paths_state(model, args):
-    """on, off (--plain), or which of them stepped aside (their check's note says why)."""
+    """on, off (--plain, or stepped aside: its check's note says why), or none for the arms
+    without LEV (generation has no fast path of its own)."""
+    if model.config.embedding != "lev":
+        return f"none ({model.config.embedding} arm)"
     if args.plain:
         return "off"
-    hooks = {"decoding": model.fast_decoding}
-    if model.config.embedding == "lev":
-        hooks["lev"] = model.tok_emb.fast_embed
-    aside = [name for name, hook in hooks.items() if hook is None]
-    return f"on except {'+'.join(aside)} (see the note above)" if aside else "on"
+    return "on" if model.tok_emb.fast_embed is not None else "off (see the note above)"
 
 
 def main(argv=None):

@@ -54,8 +54,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from leviathan import EMBEDDINGS, GPT, Config
 from machinery import checkpoints, cli, retrofit, runs
-from machinery.grad_stats import GradStats, clip_gradients, clipped
-from machinery.runtime import set_runtime
+from machinery.fast_lev import FastEmbedder
+from machinery.fast_paths import install_fast_paths
+from machinery.grad_stats import GradStats, clipped
 from machinery.settings import SettingsError, above, at_least, help_text, parse_args, within
 
 # --------------------------------------------------------------------------------------------------
@@ -105,13 +106,6 @@ SETTINGS = {
                        "at the start of a run, so that resuming with a larger max_iters keeps the "
                        "schedule)", at_least(0)),
     "weight_decay": (0.1, "AdamW weight decay (matrices and tables only)", at_least(0)),
-    "lev_lr_scale": (1.0, "lev arm: LEV's learning rate as a multiple of the schedule's (warmup, "
-                     "cosine, min_lr)", above(0)),
-    "lev_wd_scale": (1.0, "lev arm: LEV's weight decay (codebooks, seed_proj, out_proj) as a "
-                     "multiple of weight_decay", at_least(0)),
-    "lev_clip_apart": (False, "lev arm: clip LEV's gradient norm and the rest's each to grad_clip "
-                       "on its own, so that LEV's gradients do not scale down the head's and the "
-                       "backbone's"),
     "beta1": (0.9, "AdamW beta1", within(0, 1)),
     "beta2": (0.95, "AdamW beta2", within(0, 1)),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping", at_least(0)),
@@ -146,10 +140,17 @@ def get_lr(step, s):
     return s["min_lr"] + cosine * (s["learning_rate"] - s["min_lr"])
 
 
-def make_optimizer(model, s, device_type, lev_lr_scale, lev_wd_scale):
-    """AdamW over the model's parameter groups (leviathan.GPT.optimizer_groups: what decays, and
-    LEV's own groups when its lr or weight decay is scaled)."""
-    groups = model.optimizer_groups(s["weight_decay"], lev_lr_scale, lev_wd_scale)
+def make_optimizer(model, s, device_type):
+    """AdamW in two groups: weight decay on matrices and tables (dim >= 2), none on norms' gains
+    and biases (LEV's per-head LayerNorm ones are 2-D) nor on LEV's spline coefficients S: decay
+    pulls each factor towards 0, and so a 128-factor product much faster still."""
+    not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:  # frozen parts (--freeze) are not trained
+            (decay if p.dim() >= 2 and name not in not_decayed else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": s["weight_decay"]},
+              {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=s["learning_rate"], betas=(s["beta1"], s["beta2"]),
                              fused=device_type == "cuda")
 
@@ -310,7 +311,7 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
         # one optimizer step
         lr = get_lr(step, s)
         for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]  # LEV's groups: lev_lr_scale
+            group["lr"] = lr
         starts = torch.randint(len(data.train) - T, (accum * B,),
                                generator=run["data_order"]).numpy()
         loss_sum = torch.zeros((), device=procs.device)
@@ -325,7 +326,7 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
             scaler.scale(loss / procs.local_accum).backward()
         scaler.unscale_(optimizer)
         grad_stats.measure_parts()  # before clipping changes the gradients
-        grad_norm, clip_norm = clip_gradients(model, s["grad_clip"], s["lev_clip_apart"])
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"] or math.inf)
         # the mean over processes, in one all-reduce: the step's loss, and whether a signal asked
         # any process to stop
         step_loss, stopping = procs.mean([loss_sum / procs.local_accum, float(bool(stop_signal))])
@@ -342,11 +343,11 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
         optimizer.zero_grad(set_to_none=True)
         run["step"] += 1
         run["tokens_seen"] += accum * B * T
-        grad_norm, clip_norm = torch.stack([grad_norm, clip_norm]).tolist()
-        grad_stats.add(grad_norm, clip_norm)
+        grad_norm = grad_norm.item()
+        grad_stats.add(grad_norm)
 
         steps_since_log += 1
-        clipped_since_log += clipped(clip_norm, s["grad_clip"])
+        clipped_since_log += clipped(grad_norm, s["grad_clip"])
         if run["step"] % s["log_interval"] == 0 or stop:
             step_s = (time.time() - t_log) / steps_since_log
             evals_left = (s["max_iters"] // s["eval_interval"] - run["step"] // s["eval_interval"]
@@ -378,16 +379,13 @@ def train(given, explicit):
         raise SettingsError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
     model.to(procs.device)
     # the fast paths, each checked against leviathan.py as it stands on this device (an edited
-    # model runs as written where they differ, said in one line); training does not generate
-    set_runtime(model, lev_fast=s["lev_fast"], lev_chunk=s["lev_chunk"],
-                lev_compile=s["lev_compile"], lev_c_kernels=s["lev_c_kernels"],
-                lean_head=s["lean_head"], fast_decoding=False, say=procs.note)
-    optimizer = make_optimizer(model, s, procs.device.type, s["lev_lr_scale"], s["lev_wd_scale"])
+    # model runs as written where they differ, said in one line)
+    lev = s["lev_fast"] and FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"])
+    install_fast_paths(model, lev=lev or None, lean_head=s["lean_head"], say=procs.note)
+    optimizer = make_optimizer(model, s, procs.device.type)
     scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")
     if resuming:
-        runs.load_optimizer_state(ckpt, optimizer, scaler, runs.ckpt_path(s), lambda saved: (
-            make_optimizer(model, s, procs.device.type, saved.get("lev_lr_scale", 1.0),
-                           saved.get("lev_wd_scale", 1.0))))
+        runs.load_optimizer_state(ckpt, optimizer, scaler, runs.ckpt_path(s))
     del ckpt
     run["t_start"] = time.time()
     # joining the group waits for every process: all have checked out_dir before log.jsonl exists

@@ -24,15 +24,8 @@ from machinery.cli import atomic_path, one_line
 CHECKPOINT_VERSION = 2
 RESUME_KEYS = {"train_config": dict, "step": int, "tokens_seen": int, "best_val_loss": float,
                "optimizer": dict, "rng": dict}
-# version 1 -> 2: LEV's settings renamed to one scheme, the output head renamed lm_head, the run
-# settings lev_chunk and lev_compile out of the model's config, and the spline basis normalised
-# (version 1 models were trained with the plain basis, so they keep it)
-V1_RENAMES = {"n_digits": "lev_digits", "d_seed": "lev_seed_dim", "n_lev_heads": "lev_heads",
-              "n_knots": "lev_knots"}
-# Config fields added after checkpoints of the current format were first written, with the value
-# that those checkpoints' models were made with (not today's default where it differs): W_out's init
-# std was 0.02
-FIELDS_ADDED = {"lev_out_init_std": 0.02}
+# the last commit that reads a checkpoint of format version 1
+READS_VERSION_1 = "66d9f67"
 
 
 def save_checkpoint(ckpt, path):
@@ -45,23 +38,6 @@ def save_checkpoint(ckpt, path):
         raise OSError(f"could not write {path} ({one_line(e)[:200]}); the previous "
                       f"{os.path.basename(path)}, if any, is unchanged. Free disk space or use "
                       f"another --out_dir") from None
-
-
-def migrate_v1(ckpt):
-    """A version 1 checkpoint in version 2's terms (same weights, same function)."""
-    def renamed(settings):
-        return {V1_RENAMES.get(key, key): value for key, value in settings.items()}
-
-    run_settings = ("lev_chunk", "lev_compile")
-    config = {k: v for k, v in renamed(ckpt["model_config"]).items() if k not in run_settings}
-    config.setdefault("lev_normalize_basis", False)
-    ckpt["model_config"] = config
-    ckpt["model"] = {("lm_head.weight" if k == "head.weight" else k): v
-                     for k, v in ckpt["model"].items()}
-    if isinstance(ckpt.get("train_config"), dict):
-        ckpt["train_config"] = renamed(ckpt["train_config"])
-    ckpt["version"] = CHECKPOINT_VERSION
-    return ckpt
 
 
 def read_checkpoint(path, device="cpu", for_resume=False):
@@ -88,11 +64,12 @@ def read_checkpoint(path, device="cpu", for_resume=False):
                          f"{one_line(e)[:200]})") from None
     version = ckpt.get("version") if isinstance(ckpt, dict) else None
     if version == 1:
-        ckpt = migrate_v1(ckpt)
-    elif version != CHECKPOINT_VERSION:
+        raise ValueError(f"{path} is a checkpoint of format version 1; this code reads version "
+                         f"{CHECKPOINT_VERSION}. Commit {READS_VERSION_1} of leviathan reads both")
+    if version != CHECKPOINT_VERSION:
         raise ValueError(f"{path} is a checkpoint of format version {version!r}; this code reads "
-                         f"versions 1 and {CHECKPOINT_VERSION}. Use the leviathan version that "
-                         f"wrote it, or retrain")
+                         f"version {CHECKPOINT_VERSION}. Use the leviathan version that wrote it, "
+                         f"or retrain")
     need = {"model": dict, "model_config": dict, "meta": dict,
             **(RESUME_KEYS if for_resume else {})}
     for key, kind in need.items():
@@ -100,8 +77,6 @@ def read_checkpoint(path, device="cpu", for_resume=False):
             found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
             raise ValueError(f"{path}: {key!r} is {found}, not a {kind.__name__}; this file was "
                              f"not written by train.py, or was edited. Use an untouched checkpoint")
-    for key, value in FIELDS_ADDED.items():
-        ckpt["model_config"].setdefault(key, value)
     return ckpt, path
 
 

@@ -9,8 +9,7 @@ autograd Function); and runs its two kernels in C on CPUs (c_kernels.py), else t
 in training, which fuses gather, spline, product and logs so that the spline values never reach
 memory. docs/speed.md has the figures.
 
-set_runtime (runtime.py) installs a FastEmbedder as the model's LEV.fast_embed; EmbeddingCache
-serves the fast decoder (decoder.py).
+fast_paths.py installs a FastEmbedder as the model's LEV.fast_embed.
 """
 
 import math
@@ -206,6 +205,25 @@ def torch_spline_product_backward(t, S_padded, G, chunk, compile, normalize):
     return grad_t, grad_S
 
 
+def pad_spline(S):
+    """S (h, d, kappa, r) -> (h*d, kappa + 2, r), with a zero knot at each end."""
+    h, d, n_knots, r = S.shape
+    return F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
+
+
+def spline_product(t, S_padded, chunk, kernels, normalize):
+    """SplineProduct's forward: t (U, h, d) -> M (U, h, r), by the kernels named."""
+    # Weights that diverged give non-finite coordinates. The modes are then NaN (so is the loss, and
+    # train.py stops cleanly) instead of a NaN becoming a knot index far out of range. Checked here,
+    # once, not inside the kernels, where a guard would cost much of their time under
+    # torch.compile.
+    if not torch.isfinite(t).all():
+        return t.new_full((*t.shape[:2], S_padded.shape[2]), float("nan"))
+    if kernels == "c":
+        return c_spline_product(t, S_padded, normalize)
+    return torch_spline_product(t, S_padded, chunk, kernels == "compiled", normalize)
+
+
 class SplineProduct(torch.autograd.Function):
     """The heavy core of LEV: unit coordinates t -> rank-1 separable modes M, recomputed in
     backward.
@@ -224,21 +242,9 @@ class SplineProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t, S, chunk, kernels, normalize):
-        U, h, d = t.shape
-        n_knots, r = S.shape[2:]
-        S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
-        # Weights that diverged give non-finite coordinates. The modes are then NaN (so is the loss,
-        # and train.py stops cleanly) instead of a NaN becoming a knot index far out of range.
-        # Checked here, once, not inside the kernels, where a guard would cost much of their time
-        # under torch.compile.
-        ctx.finite = bool(torch.isfinite(t).all())
+        S_padded = pad_spline(S)
         ctx.chunk, ctx.kernels, ctx.normalize = chunk, kernels, normalize
-        if not ctx.finite:
-            M = t.new_full((U, h, r), float("nan"))
-        elif kernels == "c":
-            M = c_spline_product(t, S_padded, normalize)
-        else:
-            M = torch_spline_product(t, S_padded, chunk, kernels == "compiled", normalize)
+        M = spline_product(t, S_padded, chunk, kernels, normalize)
         ctx.save_for_backward(t, S_padded, M)
         return M
 
@@ -248,7 +254,7 @@ class SplineProduct(torch.autograd.Function):
         t, S_padded, M = ctx.saved_tensors
         h, d = t.shape[1:]
         n_padded, r = S_padded.shape[1:]
-        if not ctx.finite:
+        if not torch.isfinite(t).all():  # spline_product gave NaN modes
             nan_S = S_padded.new_full((h, d, n_padded - 2, r), float("nan"))
             return torch.full_like(t, float("nan")), nan_S, None, None, None
         # fp32 like the forward, even under autocast
@@ -261,29 +267,3 @@ class SplineProduct(torch.autograd.Function):
                 grad_t, grad_S = torch_spline_product_backward(t, S_padded, G, ctx.chunk, compiled,
                                                                ctx.normalize)
         return grad_t, grad_S.view(h, d, n_padded, r)[:, :, 1:-1], None, None, None
-
-
-class EmbeddingCache:
-    """LEV's embeddings of the ids one generation call has met: each computed on first use, then
-    looked up. It belongs to that call (decoder.DecodeSession makes one per call), so the weights
-    cannot change while it lives, and nothing has to detect that they did: a new call starts empty.
-    """
-
-    def __init__(self, lev):
-        self.lev = lev
-        self.slot = None  # (V,) row of each id in rows, -1 when not computed yet
-        self.rows = None  # (n_cached, n_embd)
-
-    def lookup(self, ids):
-        """ids: (U,) distinct -> (U, n_embd); LEV.forward's embed_distinct."""
-        if torch.is_grad_enabled():
-            raise RuntimeError("an EmbeddingCache is for gradient-free use: "
-                               "the weights change in training")
-        if self.slot is None:
-            self.slot = torch.full((self.lev.vocab_size,), -1, dtype=torch.long, device=ids.device)
-            self.rows = self.lev.out_proj.new_empty(0, self.lev.n_embd)
-        new = ids[self.slot[ids] < 0]
-        if len(new):
-            self.slot[new] = torch.arange(len(new), device=ids.device) + len(self.rows)
-            self.rows = torch.cat([self.rows, self.lev.embed_distinct(new)])
-        return self.rows[self.slot[ids]]

@@ -36,29 +36,10 @@ def grad_parts(model):
     return {part: parts[part] for part in GRAD_PARTS if part in parts}
 
 
-def clip_gradients(model, grad_clip, lev_apart):
-    """Clip the gradients' norm to grad_clip (0: no clipping) -> (the total norm before clipping,
-    the largest norm that was compared with grad_clip), both 0-dim tensors. lev_apart (the lev arm's
-    lev_clip_apart): LEV's parameters and the rest are clipped each by its own norm, so that LEV's
-    gradients, most of the total norm in the lev arm (docs/training.md), no longer scale down the
-    head's and the backbone's at every clipped step."""
-    limit = grad_clip or float("inf")
-    if not lev_apart:
-        total = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
-        return total, total
-    lev = {id(p) for p in model.tok_emb.parameters()}
-    lev_params = [p for p in model.parameters() if id(p) in lev]
-    other_params = [p for p in model.parameters() if id(p) not in lev]
-    norms = torch.stack([torch.nn.utils.clip_grad_norm_(params, limit)
-                         for params in (lev_params, other_params)])
-    return torch.linalg.vector_norm(norms), norms.max()
-
-
-def clipped(clip_norm, grad_clip):
-    """Whether clipping scaled a step's gradients down, given the largest norm compared with
-    grad_clip (clip_gradients; grad_clip 0: no clipping; a non-finite norm: a float16 step that the
-    GradScaler skipped)."""
-    return grad_clip > 0 and math.isfinite(clip_norm) and clip_norm > grad_clip
+def clipped(grad_norm, grad_clip):
+    """Whether clipping scaled a step's gradients down, given their norm before clipping (grad_clip
+    0: no clipping; a non-finite norm: a float16 step that the GradScaler skipped)."""
+    return grad_clip > 0 and math.isfinite(grad_norm) and grad_norm > grad_clip
 
 
 class GradStats:
@@ -85,14 +66,14 @@ class GradStats:
             norms.append(torch.nn.utils.get_total_norm(grads) if grads else params[0].new_zeros(()))
         self.part_norms = torch.stack(norms)
 
-    def add(self, grad_norm, clip_norm):
-        """Count a step of total gradient norm grad_norm (clip_norm: see clip_gradients), with the
-        part norms measure_parts() took. A float16 step that the GradScaler skipped (inf or NaN
+    def add(self, grad_norm):
+        """Count a step of total gradient norm grad_norm (before clipping), with the part norms
+        measure_parts() took. A float16 step that the GradScaler skipped (inf or NaN
         gradients) changed nothing, and is not counted."""
         if not math.isfinite(grad_norm):
             return
         self.steps += 1
-        self.clipped += clipped(clip_norm, self.grad_clip)
+        self.clipped += clipped(grad_norm, self.grad_clip)
         self.norm_sum += grad_norm
         self.part_norm_sums = self.part_norm_sums + self.part_norms
 

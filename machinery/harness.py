@@ -10,7 +10,7 @@ command line (run_cli). Each kind of request, and the plain path it is tested eq
   - loglikelihood_rolling(text): the harness's rolling windows (lm_eval.utils), the first token
     predicted from the end-of-text token, scored by the same loglikelihoods: on a text of whole
     windows, the summed loss of eval.py's evaluate_tokens;
-  - generate_until(context, gen_kwargs): GPT.stream with the fast decoder (sample.py's settings),
+  - generate_until(context, gen_kwargs): GPT.stream with sample.py's settings,
     the prompt cut to its last block_size tokens, greedy or sampled, cut at the first stop string:
     sample.py's tokens.
 
@@ -35,7 +35,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from machinery import checkpoints, cli, dataset, devices, tasks
-from machinery.runtime import set_runtime
+from machinery.fast_lev import FastEmbedder
+from machinery.fast_paths import install_fast_paths
 
 log = logging.getLogger(__name__)
 
@@ -160,17 +161,9 @@ class LeviathanLM(LM):
                 "dtype": self.dtype, "plain": self.plain}
 
     def scoring(self):
-        """eval.py's run settings (LEV's fast path unless plain, the plain head), under autocast."""
-        set_runtime(self.model, lev_fast=not self.plain, fast_decoding=False)
-        return devices.autocast(self._device.type, self.dtype)
-
-    def decoding(self):
-        """sample.py's run settings (LEV's kernels eager, the fast decoder with LEV's per-id cache;
-        plain: no fast path), under autocast."""
-        if self.plain:
-            set_runtime(self.model, lev_fast=False, fast_decoding=False)
-        else:
-            set_runtime(self.model, lev_compile=False)
+        """eval.py's and sample.py's run settings (LEV's fast path unless plain, the plain head),
+        under autocast."""
+        install_fast_paths(self.model, lev=None if self.plain else FastEmbedder())
         return devices.autocast(self._device.type, self.dtype)
 
     # ----------------------------------------------------------------------------------------------
@@ -308,7 +301,7 @@ class LeviathanLM(LM):
     def generate_until(self, requests, disable_tqdm=False):
         """One request at a time (prompts of different lengths do not share a KV cache)."""
         results = []
-        with self.decoding():
+        with self.scoring():
             for req in tqdm(requests, desc="Generating", disable=disable_tqdm):
                 context, gen_kwargs = req.args
                 text = self.generate(context, **self.generation_settings(gen_kwargs))

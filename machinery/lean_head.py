@@ -5,8 +5,8 @@ Tested equal to the plain head (F.cross_entropy of F.linear), values and gradien
 (tests/test_lean_head.py). For N tokens and a V-word vocabulary the plain head materialises N x V
 logits, and autograd keeps them (and the log-softmax, and their gradient) alive: N x V x 4 bytes
 each in fp32. linear_cross_entropy holds only chunk x V logits at once, with the same loss and
-gradients. The idea of Cut Cross-Entropy and of Liger's fused linear cross-entropy. set_runtime
-(runtime.py) installs it as the model's GPT.fast_loss.
+gradients. The idea of Cut Cross-Entropy and of Liger's fused linear cross-entropy. fast_paths.py
+installs it as the model's GPT.fast_loss.
 """
 
 import torch
@@ -162,24 +162,23 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 
 class LinearCrossEntropyEager(torch.autograd.Function):
-    """The summed (or averaged) cross-entropy of x @ W^T with its gradients computed during forward,
+    """The mean cross-entropy of x @ W^T with its gradients computed during forward,
     chunk by chunk, from the softmax forward has just made: no recomputation, so the head costs the
     same three matmuls as the usual one (logits, dL/dx, dL/dW), and the exp runs once instead of
     twice. Possible because the loss is a scalar: its incoming gradient only scales the saved dL/dx
-    (N, D) and dL/dW (V, D). Formulas: as LinearCrossEntropy, with grad_i = 1 (sum) or 1 / (number
-    of counted tokens) (mean).
+    (N, D) and dL/dW (V, D). Formulas: as LinearCrossEntropy, with grad_i = 1 / (number of counted
+    tokens).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk, ignore_index, dtype, mean):
+    def forward(ctx, x, weight, targets, chunk, ignore_index, dtype):
         valid = targets != ignore_index  # (N,)
         safe = torch.where(valid, targets, 0)  # (N,)
         acc_dtype = torch.promote_types(dtype, torch.float32)
         count = valid.sum()  # a tensor, not a Python int: no device sync
-        scale = valid.to(acc_dtype)[:, None]  # (N, 1) 1, or 0 at ignored tokens
-        if mean:
-            # gradients 0, not NaN, when every target is ignored (as F.cross_entropy)
-            scale /= count.clamp(min=1)
+        # (N, 1) 1 / count, or 0 at ignored tokens: gradients 0, not NaN, when every target is
+        # ignored (as F.cross_entropy)
+        scale = valid.to(acc_dtype)[:, None] / count.clamp(min=1)
         loss = x.new_empty(len(x), dtype=acc_dtype)  # (N,)
         grad_x, grad_w = new_grads(ctx, x, weight, acc_dtype)  # (N, D), (V, D)
         with torch.autocast(x.device.type, enabled=False):
@@ -193,7 +192,7 @@ class LinearCrossEntropyEager(torch.autograd.Function):
                                None if grad_x is None else grad_x[at], grad_w)
         ctx.save_for_backward(grad_x, None if grad_w is None else grad_w.to(weight.dtype))
         # 0 / 0 = NaN when every target is ignored
-        return loss.sum() / count if mean else loss.sum()
+        return loss.sum() / count
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -203,47 +202,42 @@ class LinearCrossEntropyEager(torch.autograd.Function):
         # as usual)
         return (None if grad_x is None else grad_x.mul_(grad_loss),
                 None if grad_w is None else grad_w.mul_(grad_loss),
-                None, None, None, None, None)
+                None, None, None, None)
 
 
 # under a model-wide torch.compile it runs as it is (a graph break), like LEV: its chunk loop and
 # reused buffers are the point, and they are not what inductor would make of it
 @torch.compiler.disable
-def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean",
-                         recompute=False):
+def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean"):
     """Cross-entropy of the head's logits x @ weight^T against targets, without ever holding all the
     logits.
 
     x: (..., D) final hidden states, weight: (V, D) the head (tied to an embedding or not: gradients
     reach the Parameter through autograd as usual), targets: (...) ids, ignore_index where a token
     does not count. chunk_size: tokens per chunk (default: default_chunk_size(V), ~256 MiB of fp32
-    logits). reduction: "mean" over counted tokens (NaN when none counts, as F.cross_entropy),
-    "sum", or "none": per-token losses shaped like targets, 0 at ignored tokens. The loss is fp32
-    (fp64 for fp64 inputs). recompute: how backward gets its gradients. False (and reduction "mean"
-    or "sum", gradients wanted): forward computes them as it goes (LinearCrossEntropyEager), three
-    matmuls as the usual head, but forward keeps dL/dW (V x D), and does that work even if backward
-    never runs. True (and always for "none", or without gradients): forward keeps only the per-token
-    log-sum-exp and backward recomputes the logits (LinearCrossEntropy): one more matmul.
+    logits). reduction: "mean" over counted tokens (NaN when none counts, as F.cross_entropy), or
+    "none": per-token losses shaped like targets, 0 at ignored tokens. The loss is fp32 (fp64 for
+    fp64 inputs). Training's mean, with gradients wanted, computes them during forward as it goes
+    (LinearCrossEntropyEager): three matmuls as the usual head, and forward keeps dL/dW (V x D).
+    Otherwise forward keeps only the per-token log-sum-exp, and a backward recomputes the logits
+    (LinearCrossEntropy): one more matmul.
 
     Same value and gradients as F.cross_entropy(F.linear(x, weight).float(), targets,
     ignore_index=ignore_index, reduction=reduction), autocast included, with memory
     O(chunk_size x V) instead of O(N x V).
     """
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction={reduction!r}: choose mean, sum or none")
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction={reduction!r}: choose mean or none")
     chunk = default_chunk_size(weight.shape[0]) if chunk_size is None else chunk_size
     if chunk < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1")
     x2, t1 = x.reshape(-1, x.shape[-1]), targets.reshape(-1)  # (N, D), (N,)
     dtype = autocast_dtype(x, weight)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    if reduction != "none" and wants_grad and not recompute:
-        return LinearCrossEntropyEager.apply(x2, weight, t1, chunk, ignore_index, dtype,
-                                             reduction == "mean")
+    if reduction == "mean" and wants_grad:
+        return LinearCrossEntropyEager.apply(x2, weight, t1, chunk, ignore_index, dtype)
     per_token = LinearCrossEntropy.apply(x2, weight, t1, chunk, ignore_index, dtype)  # (N,)
     if reduction == "none":
         return per_token.view(targets.shape)
-    if reduction == "sum":
-        return per_token.sum()
     # 0 / 0 = NaN when every target is ignored
     return per_token.sum() / (targets != ignore_index).sum()

@@ -40,10 +40,6 @@ def check_settings(s, table, model_table, Config):
         need(not isinstance(value, float) or math.isfinite(value),
              f"{key}={value} must be a finite number")
     check_rules(s, table)
-    for key, default in (("lev_lr_scale", 1), ("lev_wd_scale", 1), ("lev_clip_apart", False)):
-        need(s["embedding"] == "lev" or s[key] == default,  # refused rather than silently ignored
-             f"{key}={s[key]} applies to LEV, and --embedding={s['embedding']} has none; "
-             f"drop --{key}")
     need(s["min_lr"] <= s["learning_rate"], f"min_lr={s['min_lr']} must not exceed learning_rate="
                                             f"{s['learning_rate']} (the decay goes down to min_lr)")
     bad_parts = set(filter(None, s["freeze"].split(","))) - set(PARTS)
@@ -168,10 +164,8 @@ def read_source(s, explicit, model_table):
 
 
 def saved_architecture(model_config, model_table):
-    """A checkpoint's model settings (model_table's keys). A field added to Config after the
-    checkpoint was written is filled in by checkpoints.read_checkpoint with the value its model was
-    made with, when checkpoints.FIELDS_ADDED lists it; any other missing field gets its default,
-    which is also what Config(**model_config) gives the model."""
+    """A checkpoint's model settings (model_table's keys); a missing one gets its default, which is
+    also what Config(**model_config) gives the model."""
     return {key: model_config.get(key, entry[0]) for key, entry in model_table.items()}
 
 
@@ -234,17 +228,10 @@ def rng_states(data_generator, procs):
     return rng
 
 
-def load_optimizer_state(ckpt, optimizer, scaler, path, optimizer_as_saved):
-    """The checkpoint's optimizer (and GradScaler) state into this run's. It is read into the groups
-    its run had (they depend on its lev_lr_scale and lev_wd_scale, 1 in checkpoints older than
-    them: optimizer_as_saved(its train_config) builds them), then handed over parameter by
-    parameter: a resume may change those settings, and with them whether LEV has groups of its own.
-    The groups keep this run's settings."""
+def load_optimizer_state(ckpt, optimizer, scaler, path):
+    """The checkpoint's optimizer (and GradScaler) state into this run's."""
     try:
-        as_saved = optimizer_as_saved(ckpt["train_config"])
-        as_saved.load_state_dict(ckpt["optimizer"])
-        for p, state in as_saved.state.items():
-            optimizer.state[p] = state
+        optimizer.load_state_dict(ckpt["optimizer"])
         if "scaler" in ckpt:
             scaler.load_state_dict(ckpt["scaler"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:

@@ -43,7 +43,7 @@ def lev_param_count(vocab_size, n_embd, lev_digits=3, lev_seed_dim=128, lev_head
     return lev_digits * digit_base(vocab_size, lev_digits) * d + lev_heads * per_head
 
 
-# The tiny models of the model's tests (test_leviathan.py, test_fast_lev.py, test_decoder.py)
+# The tiny models of the model's tests (test_leviathan.py, test_fast_lev.py, test_fast_paths.py)
 
 # not a perfect cube: base 4, so digits 4**3 = 64 > 61 ids leave some digit combinations unused
 V = 61
@@ -104,12 +104,12 @@ def make_tiny_encoding():
 
 
 def fast_path_check_running(monkeypatch):
-    """A list that is non-empty while the fast paths' check at install runs (set_runtime's
-    check_fast_paths, machinery/fast_path_check.py): it runs the model on its probes, and a test
-    that counts the model's calls leaves those out."""
-    from machinery import runtime
+    """A list that is non-empty while the fast paths' check at install runs (install_fast_paths's
+    check_fast_paths, machinery/fast_paths.py): it runs the model on its probes, and a test that
+    counts the model's calls leaves those out."""
+    from machinery import fast_paths
 
-    check, running = runtime.check_fast_paths, []
+    check, running = fast_paths.check_fast_paths, []
 
     def marked_check(*args, **kwargs):
         running.append(1)
@@ -118,7 +118,7 @@ def fast_path_check_running(monkeypatch):
         finally:
             running.pop()
 
-    monkeypatch.setattr(runtime, "check_fast_paths", marked_check)
+    monkeypatch.setattr(fast_paths, "check_fast_paths", marked_check)
     return running
 
 
@@ -222,3 +222,12 @@ def bpe_data(tmp_path, text, tiny_encoding):
     corpus.prepare(text, tiny_encoding, str(tmp_path / "data" / "tiny_bpe"), "tiny_bpe",
                    "synthetic")
     return tmp_path / "data"
+
+
+def adamw(model, learning_rate=3e-3, weight_decay=0.1):
+    """train.py's optimizer for a model (make_optimizer), with these settings."""
+    from train import make_optimizer
+
+    settings = {"learning_rate": learning_rate, "weight_decay": weight_decay, "beta1": 0.9,
+                "beta2": 0.95}
+    return make_optimizer(model, settings, next(model.parameters()).device.type)

@@ -21,7 +21,6 @@ import leviathan  # noqa: E402
 from leviathan import LEV, Config  # noqa: E402
 from machinery import fast_lev  # noqa: E402
 from machinery.fast_lev import FastEmbedder  # noqa: E402
-from machinery.runtime import set_runtime  # noqa: E402
 
 # inductor's CPU backend compiles C++; without a compiler LEV warns and runs eagerly (tested below
 # with a stand-in)
@@ -147,24 +146,19 @@ def test_out_of_memory_is_raised_not_blamed_on_compile():
 @needs_compiler
 @pytest.mark.parametrize("arm", ["tied", "lev"])
 def test_compiled_decoding_gives_the_eager_tokens(arm):
-    """sample.py --compile: greedy tokens through the compiled one-token steps equal the eager ones,
-    across several window jumps, and the steps compile a bounded number of times (not once per
-    position)."""
+    """sample.py --compile: greedy tokens through the compiled model equal the eager ones, across
+    several window jumps, and it compiles a bounded number of times (not once per position)."""
     torch.manual_seed(0)
     model = leviathan.GPT(Config(vocab_size=300, block_size=16, n_layer=2, n_head=2, n_embd=16,
                                  embedding=arm, lev_seed_dim=8, lev_heads=2, lev_knots=6,
                                  lev_rank=4)).eval()
     prompt = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(1))
     eager = model.generate(prompt, 40, temperature=0.0)  # the model's plain code
-    set_runtime(model)  # the eager fast decoder (the Decoder)
-    assert torch.equal(model.generate(prompt, 40, temperature=0.0), eager)
-    set_runtime(model, compile_decode=True)
+    model.compile()  # as sample.py --compile
     compiled = model.generate(prompt, 40, temperature=0.0)
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo really compiled the step
     graphs = counters["stats"]["unique_graphs"]
     assert torch.equal(compiled, eager)
     # a second call: no new compilation
     assert torch.equal(model.generate(prompt, 40, temperature=0.0), eager)
-    assert counters["stats"]["unique_graphs"] == graphs <= 6
-    set_runtime(model, compile_decode=False)
-    assert model.fast_decoding.compiled_backbone is None
+    assert counters["stats"]["unique_graphs"] == graphs <= 12  # 11 here: not one per position

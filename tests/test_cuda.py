@@ -24,14 +24,15 @@ import warnings
 
 import pytest
 import torch
+from conftest import adamw
 from torch._dynamo.utils import counters
 
 import leviathan
 import train
 from leviathan import GPT, LEV, Config
-from machinery import decoder, fast_lev, lean_head
+from machinery import fast_lev, lean_head
 from machinery.fast_lev import FastEmbedder
-from machinery.runtime import set_runtime
+from machinery.fast_paths import install_fast_paths
 
 DEVICE = "cuda"
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -140,7 +141,8 @@ def tiny_gpt(arm, vocab_size=512, block_size=32, seed=0):
     torch.manual_seed(seed)
     config = Config(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=64,
                     embedding=arm, lev_seed_dim=32, lev_heads=2, lev_rank=16, lev_knots=8)
-    return set_runtime(GPT(config).to(DEVICE))  # the fast paths as a script installs them
+    # LEV's fast path as sample.py installs it
+    return install_fast_paths(GPT(config).to(DEVICE), lev=FastEmbedder())
 
 
 def random_ids(*shape, vocab_size=512, seed=0):
@@ -155,8 +157,8 @@ def test_training_steps_as_train_py_runs_them(arm):
     kernels compiled (lev_chunk as in the GPU configs), fused AdamW, gradient clipping. 20 steps on
     one fixed batch: every loss finite, and the model learns the batch."""
     model = tiny_gpt(arm)
-    set_runtime(model, lev_chunk=1024, lev_compile=True, lean_head=True)
-    optimizer = model.configure_optimizers(0.1, 3e-3, device_type="cuda")
+    install_fast_paths(model, lev=FastEmbedder(chunk=1024), lean_head=True)
+    optimizer = adamw(model, learning_rate=3e-3)
     assert optimizer.defaults["fused"] is True
     fast_model = torch.compile(model)
     x, y = random_ids(8, 32, seed=1), random_ids(8, 32, seed=2)
@@ -191,7 +193,7 @@ def test_lean_head_equals_full_cross_entropy(arm, monkeypatch):
     y[0, :5] = -1
 
     def loss_and_grads(lean_head):
-        set_runtime(model, lean_head=lean_head)
+        install_fast_paths(model, lev=FastEmbedder(), lean_head=lean_head)
         model.zero_grad(set_to_none=True)
         logits, loss = model(x, y)
         assert (logits is None) == lean_head
@@ -206,28 +208,29 @@ def test_lean_head_equals_full_cross_entropy(arm, monkeypatch):
 @pytest.mark.parametrize("n_embd", [64, 384])
 def test_no_false_alarm_under_bf16_autocast(arm, n_embd):
     """The unedited model keeps every fast path on the GPU, installed as train.py (training mode,
-    the lean head, LEV's compiled kernels) and sample.py (eval mode, the decoder) install them,
-    under bf16 autocast: the check (machinery/fast_path_check.py) finds only float noise."""
+    the lean head, LEV's compiled kernels) and sample.py (eval mode) install them, under bf16
+    autocast: the check (machinery/fast_paths.py) finds only float noise."""
     torch.manual_seed(0)
     config = Config(vocab_size=50257, block_size=256, n_layer=2, n_head=n_embd // 64,
                     n_embd=n_embd, embedding=arm)
     model = GPT(config).to(DEVICE)
     lines = []
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
-        set_runtime(model, lean_head=True, fast_decoding=False, say=lines.append)
-        set_runtime(model.eval(), lev_compile=False, say=lines.append)
+        install_fast_paths(model, lev=FastEmbedder(), lean_head=True, say=lines.append)
+        install_fast_paths(model.eval(), lev=FastEmbedder(compile_kernels=False),
+                           say=lines.append)
     assert lines == []
 
 
 @ARMS
 @pytest.mark.parametrize("prompt_len", [5, 40])
 def test_kv_cache_generation_equals_uncached(arm, prompt_len):
-    """Greedy tokens with the KV cache (and LEV's embedding cache) equal those of full forward
+    """Greedy tokens with the KV cache (and LEV's fast path) equal those of full forward
     passes over the same windows, also past block_size (window jumps every 16 tokens). fp32."""
     model = tiny_gpt(arm).eval()
     prompt = random_ids(2, prompt_len, seed=3)
     cached = model.generate(prompt, 60, temperature=0.0)
-    set_runtime(model, fast_decoding=False)  # the model's plain code, full forward passes
+    install_fast_paths(model)  # the model's plain code, full forward passes
     plain = model.generate(prompt, 60, temperature=0.0, use_cache=False)
     assert cached.shape == (2, prompt_len + 60) and cached.device.type == DEVICE
     assert torch.equal(cached, plain)
@@ -235,31 +238,27 @@ def test_kv_cache_generation_equals_uncached(arm, prompt_len):
 
 @ARMS
 def test_compiled_decoding_equals_eager(arm):
-    """sample.py --compile on the GPU: the one-token steps through torch.compile (Triton) give the
-    eager greedy tokens, past block_size too. fp32; the head is used as it is there (DecodeHead
-    makes no copy on a GPU)."""
+    """sample.py --compile on the GPU: the model through torch.compile (Triton) gives the eager
+    greedy tokens, past block_size too. fp32."""
     model = tiny_gpt(arm).eval()
-    head = decoder.DecodeHead(model.lm_head.weight)
-    assert head.blocks is None and head.weight_T.data_ptr() == model.lm_head.weight.data_ptr()
     prompt = random_ids(2, 5, seed=3)
     eager = model.generate(prompt, 40, temperature=0.0)
     with torch.compiler.set_stance("default"):
-        set_runtime(model, compile_decode=True)
+        model.compile()
         compiled = model.generate(prompt, 40, temperature=0.0)
     assert torch.equal(compiled, eager)
 
 
 @ARMS
 def test_generation_after_a_fused_adamw_step_sees_the_new_weights(arm):
-    """Fused AdamW updates the weights in place without bumping their version counters. Each
-    generate call owns its EmbeddingCache, so the call after the step must equal a generation that
-    caches nothing."""
+    """Fused AdamW updates the weights in place without bumping their version counters: nothing may
+    cache what the weights computed, and the call after the step must equal the plain code's."""
     model = tiny_gpt(arm)
     prompt = random_ids(1, 4, seed=1)
     with torch.no_grad():
         logits_before, _ = model(prompt)
     before = model.generate(prompt, 10, temperature=0.0)
-    optimizer = model.configure_optimizers(0.0, 0.05, device_type="cuda")
+    optimizer = adamw(model, learning_rate=0.05, weight_decay=0.0)
     assert optimizer.defaults["fused"] is True
     for _ in range(3):
         _, loss = model(random_ids(2, 16, seed=2), random_ids(2, 16, seed=3))
@@ -271,7 +270,7 @@ def test_generation_after_a_fused_adamw_step_sees_the_new_weights(arm):
     # the step changed what the model predicts
     assert not torch.allclose(logits_after, logits_before)
     after = model.generate(prompt, 10, temperature=0.0)
-    set_runtime(model, fast_decoding=False)  # the model's plain code, full forward passes
+    install_fast_paths(model)  # the model's plain code, full forward passes
     plain = model.generate(prompt, 10, temperature=0.0, use_cache=False)
     assert torch.equal(after, plain)
     assert before.shape == after.shape

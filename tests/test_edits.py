@@ -1,7 +1,7 @@
 """What you edit is what runs: real edits of leviathan.py, each applied by text to a copy of the
 project; then train.py, sample.py and eval.py run with their defaults and with the plain path, and
 must agree. Every fast path that an edit leaves behind steps aside with one line; those it reaches
-stay on, silently (machinery/fast_path_check.py). And the check itself: no false alarm on the
+stay on, silently (machinery/fast_paths.py). And the check itself: no false alarm on the
 unedited model, nothing it touches changed, a probe that fails falls back in one line.
 
 Run:  python -m pytest -q tests/test_edits.py
@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_model
+from conftest import ROOT, adamw, tiny_model
 
-from machinery import fast_path_check
-from machinery.fast_path_check import check_fast_paths
-from machinery.runtime import set_runtime
+from machinery import fast_paths
+from machinery.fast_lev import FastEmbedder
+from machinery.fast_paths import check_fast_paths, install_fast_paths
+
+FAST_LEV = FastEmbedder(compile_kernels=False)  # LEV's fast path, its kernels eager
 
 # name -> (the fast paths expected to step aside, the text replaced, its replacement); each text
 # stands once in leviathan.py
@@ -33,20 +35,20 @@ EDITS = {
     "product": ({"lev"}, "E = self.mix_heads(sign * log_abs.exp())",
                 "E = self.mix_heads(sign * (0.5 * log_abs).exp())"),
     "coordinates (followed)": (set(), "return torch.sigmoid(x / 2)", "return torch.sigmoid(x)"),
-    # a block: the MLP, the attention, the rotary positions, a norm (followed by the decoder)
-    "MLP activation": ({"decoding"}, "F.silu(self.gate(x))", "F.gelu(self.gate(x))"),
-    "attention sharpened": ({"decoding"},
+    # a block: the MLP, the attention, the rotary positions, a norm (no fast path repeats them)
+    "MLP activation": (set(), "F.silu(self.gate(x))", "F.gelu(self.gate(x))"),
+    "attention sharpened": (set(),
                             "        v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, T, hs)\n",
                             "        v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, T, hs)\n"
                             "        q = 2.0 * q\n"),
-    "rotary the other way": ({"decoding"}, "x1 * cos - x2 * sin, x1 * sin + x2 * cos",
-                             "x1 * cos + x2 * sin, x2 * cos - x1 * sin"),
+    "rotary the other way": (set(), "return (x * cos + x.roll(",
+                             "return (x * cos - x.roll("),
     "norm's eps (followed)": (set(), "F.rms_norm(x, x.shape[-1:], self.weight, self.eps)",
                               "F.rms_norm(x, x.shape[-1:], self.weight, 0.1)"),
     # the final norm, the input scale, the head and its loss
-    "final norm scaled": ({"decoding"}, "        return self.norm(x)\n",
+    "final norm scaled": (set(), "        return self.norm(x)\n",
                           "        return 1.5 * self.norm(x)\n"),
-    "embedding scaled": ({"decoding"}, "            return self.tok_emb(idx)  # LEV checks",
+    "embedding scaled": (set(), "            return self.tok_emb(idx)  # LEV checks",
                          "            return 2.0 * self.tok_emb(idx)  # LEV checks"),
     "label smoothing": ({"loss"}, "ignore_index=-1, reduction=reduction)",
                         "ignore_index=-1, reduction=reduction,\n"
@@ -56,7 +58,7 @@ EDITS = {
                "        loss = loss + 1e-4 * (z.sum() / (targets != -1).sum() if reduction == "
                "'mean' else z)\n"
                "        return logits, loss.view(B, T) if reduction"),
-    "logit soft-cap": ({"decoding"}, "return self.lm_head(x[:, [-1], :]), None",
+    "logit soft-cap": (set(), "return self.lm_head(x[:, [-1], :]), None",
                        "return 3 * torch.tanh(self.lm_head(x[:, [-1], :]) / 3), None"),
 }
 SCRIPTS = ["leviathan.py", "train.py", "sample.py", "eval.py", "bench.py", "machinery"]
@@ -92,7 +94,7 @@ def run_edited(folder, data, arm):
 
 def stepped_aside(lines):
     """Which fast paths said they stepped aside."""
-    names = {part: fast for part, (fast, _, _) in fast_path_check.PARTS.items()}
+    names = {part: fast for part, (fast, _, _) in fast_paths.PARTS.items()}
     return {part for part, fast in names.items()
             for line in lines if line.startswith(f"note: {fast} ")}
 
@@ -124,7 +126,7 @@ def test_the_unedited_model_keeps_every_fast_path_and_says_nothing(tmp_path, cha
 
 def test_bench_times_only_the_fast_paths_that_follow_an_edit(tmp_path):
     """bench.py in a copy whose spline and MLP were edited: LEV's table times the plain recipe
-    alone, and the generation table runs the model as written, each said in one line."""
+    alone, said in one line; the MLP has no fast path to step aside."""
     edits = [EDITS[name][1:] for name in ("spline basis", "MLP activation")]
     folder = edited_copy(tmp_path / "copy", *edits)
     toy = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16",
@@ -134,7 +136,7 @@ def test_bench_times_only_the_fast_paths_that_follow_an_edit(tmp_path):
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     lines = (done.stdout + done.stderr).splitlines()
-    assert stepped_aside(lines) == {"lev", "decoding"}
+    assert stepped_aside(lines) == {"lev"}
     assert "| LEV plain recipe (LEV.reference), 10 distinct ids |" in done.stdout
     assert "LEV fast path" not in done.stdout
 
@@ -145,7 +147,7 @@ def test_bench_times_only_the_fast_paths_that_follow_an_edit(tmp_path):
 
 def installed(model):
     return {"lev": getattr(model.tok_emb, "fast_embed", None) is not None,
-            "loss": model.fast_loss is not None, "decoding": model.fast_decoding is not None}
+            "loss": model.fast_loss is not None}
 
 
 @pytest.mark.parametrize("arm", ["lev", "tied", "untied"])
@@ -155,17 +157,17 @@ def test_no_false_alarm_on_the_unedited_model(arm, dtype, training):
     # dropout in training: both sides of a probe draw the same masks
     model = tiny_model(arm, dropout=0.1 if training else 0.0).to(dtype).train(training)
     lines = []
-    set_runtime(model, lean_head=True, lev_compile=False, say=lines.append)
+    install_fast_paths(model, lev=FAST_LEV, lean_head=True, say=lines.append)
     assert lines == []
-    assert installed(model) == {"lev": arm == "lev", "loss": True, "decoding": True}
+    assert installed(model) == {"lev": arm == "lev", "loss": True}
 
 
 def test_no_false_alarm_after_training_nor_under_bf16_autocast():
     """Trained weights (larger, less regular than at init), and a run under bf16 autocast: the check
     itself runs in plain float32 either way."""
     model = tiny_model("lev")
-    set_runtime(model, lean_head=True, lev_compile=False, check=False)
-    optimizer = model.configure_optimizers(0.1, 3e-2)
+    install_fast_paths(model, lev=FAST_LEV, lean_head=True, check=False)
+    optimizer = adamw(model, learning_rate=3e-2)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(model.config.vocab_size, (4, 17), generator=generator)
     for _ in range(20):
@@ -175,7 +177,7 @@ def test_no_false_alarm_after_training_nor_under_bf16_autocast():
     lines = []
     with torch.autocast("cpu", dtype=torch.bfloat16):
         found = check_fast_paths(model, say=lines.append)
-    assert lines == [] and set(found) == {"lev", "loss", "decoding"}
+    assert lines == [] and set(found) == {"lev", "loss"}
 
 
 def test_the_check_changes_nothing():
@@ -186,17 +188,17 @@ def test_the_check_changes_nothing():
     torch.manual_seed(5)
     rng = torch.get_rng_state()
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    set_runtime(model, lean_head=True, lev_compile=False)
+    install_fast_paths(model, lev=FAST_LEV, lean_head=True)
     assert torch.equal(torch.get_rng_state(), rng)
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == flags
     assert all(p.grad is None for p in model.parameters())
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.equal(p, q)
-    set_runtime(twin, lean_head=True, lev_compile=False, check=False)
+    install_fast_paths(twin, lev=FAST_LEV, lean_head=True, check=False)
     for m in (model, twin):
         torch.manual_seed(7)
         m.losses = []
-        optimizer = m.configure_optimizers(0.1, 1e-2)
+        optimizer = adamw(m, learning_rate=1e-2)
         generator = torch.Generator().manual_seed(1)
         ids = torch.randint(m.config.vocab_size, (2, 17), generator=generator)
         for _ in range(3):
@@ -210,7 +212,7 @@ def test_the_check_changes_nothing():
 
 def test_a_probe_that_fails_falls_back_to_the_model_in_one_line():
     model = tiny_model("tied")
-    set_runtime(model, check=False)
+    install_fast_paths(model, check=False)
     model.fast_loss = lambda *args, **kwargs: 1 / 0  # a fast path that breaks on this model
     lines = []
     found = check_fast_paths(model, say=lines.append)
@@ -222,8 +224,8 @@ def test_a_probe_that_fails_falls_back_to_the_model_in_one_line():
 
 def test_a_difference_is_measured_relative_to_the_plain_values():
     plain = torch.tensor([1.0, -4.0, 2.0])
-    assert fast_path_check.relative_difference(plain + 0.04, plain) == pytest.approx(0.01)
-    assert fast_path_check.relative_difference(plain[:2], plain) == float("inf")
+    assert fast_paths.relative_difference(plain + 0.04, plain) == pytest.approx(0.01)
+    assert fast_paths.relative_difference(plain[:2], plain) == float("inf")
     nan = torch.tensor([1.0, float("nan"), 2.0])
-    assert fast_path_check.relative_difference(plain, nan) == float("inf")
-    assert fast_path_check.relative_difference(nan, nan) == 0.0
+    assert fast_paths.relative_difference(plain, nan) == float("inf")
+    assert fast_paths.relative_difference(nan, nan) == 0.0

@@ -31,13 +31,13 @@ from conftest import (  # noqa: E402
 from leviathan import bspline_basis, signed_log_product  # noqa: E402
 from machinery import c_kernels  # noqa: E402
 from machinery.fast_lev import (  # noqa: E402
-    EmbeddingCache,
+    FastEmbedder,
     SplineProduct,
     bspline_weights3,
     spline_3knots,
     spline_3knots_indexing,
 )
-from machinery.runtime import set_runtime  # noqa: E402
+from machinery.fast_paths import install_fast_paths  # noqa: E402
 
 KERNELS = pytest.mark.parametrize("kernels", ["c", "torch"])
 
@@ -130,13 +130,13 @@ def test_lev_with_extreme_spline_scales_equals_reference(dtype, big, kernels):
 @KERNELS
 def test_whole_model_with_coordinates_at_the_ends_equals_reference(normalize, kernels):
     """End to end: LayerNorm gains x8 push many coordinates t to the ends of [0, 1], where the two
-    bases differ; the model's loss and every gradient with LEV's fast path (set_runtime) equal those
+    bases differ; the model's loss and every gradient with LEV's fast path (installed) equal those
     of the model's plain code (no fast path) and those with LEV.reference on the whole batch
     (float64)."""
     if kernels == "c":
         skip_without_c_kernels()
-    model = set_runtime(tiny_model("lev", lev_normalize_basis=normalize).double(),
-                        lev_c_kernels=kernels == "c")
+    model = install_fast_paths(tiny_model("lev", lev_normalize_basis=normalize).double(),
+                               lev=FastEmbedder(c_kernels=kernels == "c"))
     lev = model.tok_emb
     assert lev.fast_embed is not None and lev.fast_embed.c_kernels == (kernels == "c")
     with torch.no_grad():
@@ -152,10 +152,10 @@ def test_whole_model_with_coordinates_at_the_ends_equals_reference(normalize, ke
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     fast = loss_and_grads()
-    set_runtime(model, lev_fast=False)
+    install_fast_paths(model, lev=None)
     assert lev.fast_embed is None
     plain = loss_and_grads()
-    lev.forward = lambda ids, embed_distinct=None: lev.reference(ids)  # this instance only
+    lev.forward = lambda ids: lev.reference(ids)  # this instance only
     reference = loss_and_grads()
     assert_same_values_and_grads(fast, reference, rtol=1e-9, atol=1e-11)
     assert_same_values_and_grads(plain, reference, rtol=1e-9, atol=1e-11)
@@ -178,10 +178,10 @@ def test_lev_output_stays_float32_under_autocast(kernels):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = lev(idx)
         with torch.no_grad():
-            out_cached = lev(idx, EmbeddingCache(lev).lookup)
-    assert out.dtype == out_cached.dtype == torch.float32
+            out_no_grad = lev(idx)
+    assert out.dtype == out_no_grad.dtype == torch.float32
     torch.testing.assert_close(out.detach(), expected)
-    torch.testing.assert_close(out_cached, expected)
+    torch.testing.assert_close(out_no_grad, expected)
 
 
 @pytest.mark.parametrize("grad", [True, False])

@@ -1,6 +1,6 @@
-"""The fast paths change speed, not results: a model trained with them (machinery/runtime.py's
-set_runtime) gives the losses of the same model trained as leviathan.py writes it, step by step
-(float64), and generates the same tokens. The model file itself loads nothing of machinery/.
+"""The fast paths change speed, not results: a model trained with them (machinery/fast_paths.py's
+install_fast_paths) gives the losses of the same model trained as leviathan.py writes it, step by
+step (float64), and generates the same tokens. The model file itself loads nothing of machinery/.
 
 Run:  python -m pytest -q tests/test_fast_paths.py
 """
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, adamw
 
 from leviathan import GPT, Config
 from machinery.c_kernels import c_library
-from machinery.runtime import set_runtime
+from machinery.fast_lev import FastEmbedder
+from machinery.fast_paths import install_fast_paths
 
 TINY = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32, lev_seed_dim=16,
             lev_heads=2, lev_rank=8)
@@ -25,7 +26,7 @@ TINY = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32, lev_se
 def train_losses(model, steps, seed=0):
     """AdamW on two random batches in turn (the same for every model given the seed), so that the
     loss falls -> the loss of each step."""
-    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=3e-3)
+    optimizer = adamw(model)
     generator = torch.Generator().manual_seed(seed)
     shape = (2, 4, model.config.block_size + 1)
     batches = torch.randint(model.config.vocab_size, shape, generator=generator)
@@ -41,10 +42,11 @@ def train_losses(model, steps, seed=0):
     return losses
 
 
-def plain_and_fast(arm, **runtime):
+def plain_and_fast(arm, c_kernels=True, lean_head=False):
     torch.manual_seed(0)
     plain = GPT(Config(**TINY, embedding=arm)).double()
-    fast = set_runtime(copy.deepcopy(plain), **runtime)
+    lev = FastEmbedder(c_kernels=c_kernels, compile_kernels=False)
+    fast = install_fast_paths(copy.deepcopy(plain), lev=lev, lean_head=lean_head)
     return plain, fast
 
 
@@ -59,8 +61,7 @@ def plain_and_fast(arm, **runtime):
 def test_training_with_fast_paths_gives_the_plain_models_losses(arm, kernels):
     if kernels == "c" and c_library() is None:
         pytest.skip("no C compiler for lev_kernels.c")
-    plain, fast = plain_and_fast(arm, lev_c_kernels=kernels == "c", lev_compile=False,
-                                 lean_head=True)
+    plain, fast = plain_and_fast(arm, c_kernels=kernels == "c", lean_head=True)
     assert plain.tok_emb.fast_embed is None if arm == "lev" else True
     assert plain.fast_loss is None and fast.fast_loss is not None
     plain_losses, fast_losses = train_losses(plain, 6), train_losses(fast, 6)
@@ -72,7 +73,7 @@ def test_training_with_fast_paths_gives_the_plain_models_losses(arm, kernels):
 
 @pytest.mark.parametrize("arm", ["lev", "tied", "digits", "factorized"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_generation_with_fast_decoding_gives_the_plain_models_tokens(arm, temperature):
+def test_generation_with_fast_paths_gives_the_plain_models_tokens(arm, temperature):
     plain, fast = plain_and_fast(arm)
     prompt = torch.randint(TINY["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(1))
     outputs = []
@@ -83,10 +84,10 @@ def test_generation_with_fast_decoding_gives_the_plain_models_tokens(arm, temper
     assert torch.equal(outputs[0], outputs[1])  # past the block size too: the window jumps alike
 
 
-def test_set_runtime_can_turn_every_fast_path_off_again():
+def test_install_fast_paths_can_turn_every_fast_path_off_again():
     plain, fast = plain_and_fast("lev", lean_head=True)
-    set_runtime(fast, lev_fast=False, lean_head=False, fast_decoding=False)
-    assert fast.tok_emb.fast_embed is None and fast.fast_loss is None and fast.fast_decoding is None
+    install_fast_paths(fast, lev=None, lean_head=False)
+    assert fast.tok_emb.fast_embed is None and fast.fast_loss is None
     assert train_losses(fast, 2) == train_losses(plain, 2)  # exactly the same code now
 
 

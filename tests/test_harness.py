@@ -29,7 +29,8 @@ from leviathan import GPT, Config
 from machinery import tasks
 from machinery.checkpoints import CHECKPOINT_VERSION, load_checkpoint
 from machinery.dataset import CharTokenizer, TiktokenTokenizer
-from machinery.runtime import set_runtime
+from machinery.fast_lev import FastEmbedder
+from machinery.fast_paths import install_fast_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 24  # shorter than most contexts here: they are cut from the left
@@ -173,7 +174,7 @@ def test_every_example_scores_as_eval_py_task(harness_results, world, name):
     results, _ = harness_results
     _, files, _, model, tokenizer = world
     # eval.py's run settings and its scoring (load_runs, load_text_tasks, evaluate_run)
-    set_runtime(model, lev_fast=True, fast_decoding=False)
+    install_fast_paths(model, lev=FastEmbedder())
     [task] = tasks.load_tasks([(name, files[name])], tokenizer, 0, BLOCK)
     examples = list(tasks.LOADERS[name](files[name]))
     assert task["skipped"] == 0 and len(task["examples"]) == len(examples) == len(FILES[name])
@@ -215,7 +216,7 @@ def test_loglikelihood_rolling_is_the_whole_text_loss(harness_results, world):
     one more window with a full context that scores only its last tokens."""
     results, _ = harness_results
     _, _, _, model, tokenizer = world
-    set_runtime(model, lev_fast=True, fast_decoding=False)
+    install_fast_paths(model, lev=FastEmbedder())
     eot = tokenizer.encoding.eot_token
     samples = sorted(results["samples"]["local_text"], key=lambda s: s["doc_id"])
     for logged, record, n in zip(samples, TEXTS, TEXT_TOKENS, strict=True):
@@ -342,8 +343,8 @@ def test_generate_until_gives_sample_py_tokens(lm_eval, char_run, capsys):
 
 def test_an_edited_block_generates_as_written(lm_eval, char_run, capsys, monkeypatch):
     """An edit of the model's MLP (made in-process here; tests/test_edits.py edits a copy of
-    leviathan.py): the adapter's fast decoder steps aside with one line, and generation gives the
-    tokens of plain=true."""
+    leviathan.py): generation is the model's own code, and gives the tokens of plain=true, with
+    no note (no fast path re-implements the MLP)."""
     from lm_eval.api.instance import Instance
 
     import leviathan
@@ -358,7 +359,7 @@ def test_an_edited_block_generates_as_written(lm_eval, char_run, capsys, monkeyp
              .generate_until([request])[0] for plain in (False, True)]
     assert texts[0] == texts[1] and len(texts[0]) == 20
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
-    assert len(notes) == 1 and notes[0].startswith("note: the fast decoder (machinery/decoder.py)")
+    assert notes == []
 
 
 def test_the_command_line_scores_as_eval_py_task(lm_eval, world, char_run, tmp_path):
@@ -378,7 +379,7 @@ def test_the_command_line_scores_as_eval_py_task(lm_eval, world, char_run, tmp_p
     assert results["config"]["leviathan_run"] == str(char_run)
     # the model and run settings of eval.py
     model, ckpt = load_checkpoint(str(char_run), GPT, Config, "cpu")
-    set_runtime(model, lev_fast=True, fast_decoding=False)
+    install_fast_paths(model, lev=FastEmbedder())
     tokenizer = CharTokenizer(ckpt["meta"]["chars"])
     for name in ("piqa", "winogrande"):
         [task] = tasks.load_tasks([(name, files[name])], tokenizer, 0, model.config.block_size)

@@ -1,7 +1,7 @@
 """Tests of leviathan.py, the model as it is written (no fast path installed unless a test says so):
 the three arms, the KV cache, generation's window and sampling, LEV's basis, parameter counts,
 digits, optimizer groups and checkpoints. LEV's fast path is tested in test_fast_lev.py,
-generation's in test_decoder.py.
+generation's in test_generation.py.
 
 Everything is hermetic and runs on CPU: tiny models (V=61, block_size=16, n_embd=32) and, where
 exactness matters, float64.
@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # plain `pytest` f
 from conftest import (  # noqa: E402
     BLOCK,
     V,
+    adamw,
     lev_config,
     lev_param_count,
     random_ids,
@@ -40,7 +41,8 @@ from leviathan import (  # noqa: E402
     sample_next,
 )
 from machinery.checkpoints import CHECKPOINT_VERSION, load_checkpoint  # noqa: E402
-from machinery.runtime import set_runtime  # noqa: E402
+from machinery.fast_lev import FastEmbedder  # noqa: E402
+from machinery.fast_paths import install_fast_paths  # noqa: E402
 
 arms = pytest.mark.parametrize("arm", EMBEDDINGS)
 
@@ -103,11 +105,11 @@ def test_causal(arm):
 
 
 @arms
-@pytest.mark.parametrize("fast", [False, True])  # the plain code, or with set_runtime's fast paths
+@pytest.mark.parametrize("fast", [False, True])  # the plain code, or with the fast paths
 def test_gradients_are_finite_and_reach_every_parameter(arm, fast):
     model = tiny_model(arm)
     if fast:
-        set_runtime(model)
+        install_fast_paths(model, lev=FastEmbedder(), lean_head=True)
     _, loss = model(random_ids(4, BLOCK, seed=1), random_ids(4, BLOCK, seed=2))
     loss.backward()
     for name, p in model.named_parameters():
@@ -119,7 +121,7 @@ def test_gradients_are_finite_and_reach_every_parameter(arm, fast):
 @arms
 def test_overfits_one_batch(arm):
     model = tiny_model(arm, n_layer=1)
-    optimizer = model.configure_optimizers(weight_decay=0.0, learning_rate=1e-2)
+    optimizer = adamw(model, learning_rate=1e-2, weight_decay=0.0)
     idx, targets = random_ids(4, BLOCK, seed=1), random_ids(4, BLOCK, seed=2)
     losses = []
     for _ in range(60):
@@ -144,15 +146,13 @@ def test_tied_arm_shares_storage(arm):
 
 
 def test_a_fresh_model_runs_the_plain_code():
-    """leviathan.py's hooks are None until set_runtime installs the fast paths (all of them)."""
+    """leviathan.py's hooks are None until install_fast_paths sets them."""
     model = tiny_model("lev")
     assert model.tok_emb.fast_embed is None and model.fast_loss is None
-    assert model.fast_decoding is None
-    set_runtime(model)
-    assert model.tok_emb.fast_embed is not None and model.fast_loss is None
-    assert model.fast_decoding is not None
-    set_runtime(model, lev_fast=False, fast_decoding=False)
-    assert model.tok_emb.fast_embed is None and model.fast_decoding is None
+    install_fast_paths(model, lev=FastEmbedder(), lean_head=True)
+    assert model.tok_emb.fast_embed is not None and model.fast_loss is not None
+    install_fast_paths(model)
+    assert model.tok_emb.fast_embed is None and model.fast_loss is None
 
 
 @arms
@@ -168,7 +168,7 @@ def test_sequence_longer_than_block_size_raises(arm):
 def test_out_of_range_ids_raise_value_error(arm, bad, fast):
     model = tiny_model(arm)
     if fast:
-        set_runtime(model)
+        install_fast_paths(model, lev=FastEmbedder(), lean_head=True)
     idx = torch.tensor([[0, 5, bad, 3]])
     pattern = f"token id {bad} .*" + re.escape(f"[0, {V})")
     with pytest.raises(ValueError, match=pattern):
@@ -208,7 +208,7 @@ def test_config_rejects_non_integer_lev_knots():
 
 
 # --------------------------------------------------------------------------------------------------
-# Generation: the KV cache, the window, sampling (the fast decoding: test_decoder.py)
+# Generation: the KV cache, the window, sampling (more: test_generation.py)
 
 
 @arms
@@ -235,13 +235,14 @@ def test_cached_logits_equal_full_forward(arm):
 
 
 @arms
-@pytest.mark.parametrize("fast", [False, True])  # generation as written, or with the fast decoding
+@pytest.mark.parametrize("fast", [False, True])  # generation as written, or with sample.py's path
 def test_greedy_equals_argmax_loop(arm, fast):
     """While the sequence fits in block_size, greedy generation is argmax over full forward passes
     (of the plain model); past it, the model sees the window of the last block_size // 2 tokens
     after each jump (GPT.stream's policy)."""
     model = tiny_model(arm).eval()
-    generator = set_runtime(tiny_model(arm).eval()) if fast else model
+    lev = FastEmbedder(compile_kernels=False)
+    generator = install_fast_paths(tiny_model(arm).eval(), lev=lev) if fast else model
     idx = random_ids(2, 4, seed=1)
     generated = generator.generate(idx, 30, temperature=0.0)
     start = 0
@@ -424,14 +425,15 @@ def decay_groups(model, optimizer):
 
 
 @arms
-def test_configure_optimizers_decays_matrices_only(arm):
+def test_make_optimizer_decays_matrices_only(arm):
+    """train.py's optimizer: two groups, decay then no_decay."""
     model = tiny_model(arm)
-    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=3e-4, betas=(0.9, 0.99))
+    optimizer = adamw(model, learning_rate=3e-4)
     names, decayed, plain = decay_groups(model, optimizer)
     assert isinstance(optimizer, torch.optim.AdamW)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
     assert decayed | plain == set(names.values()) and not decayed & plain
-    assert all(g["lr"] == 3e-4 and g["betas"] == (0.9, 0.99) for g in optimizer.param_groups)
-    assert {g["weight_decay"] for g in optimizer.param_groups} == {0.1, 0.0}
+    assert all(g["lr"] == 3e-4 and g["betas"] == (0.9, 0.95) for g in optimizer.param_groups)
     for name, p in model.named_parameters():
         if p.dim() == 1 or name == "tok_emb.spline":
             assert name in plain, f"{name} should not be decayed"
@@ -442,52 +444,13 @@ def test_configure_optimizers_decays_matrices_only(arm):
     assert set(matrices) <= decayed
 
 
-def test_lev_layernorm_gains_and_biases_are_not_decayed():
+def test_lev_layernorm_gains_and_biases_are_not_decayed_and_frozen_parts_left_out():
     model = tiny_model("lev")
-    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)
-    _, _, plain = decay_groups(model, optimizer)
+    _, _, plain = decay_groups(model, adamw(model, learning_rate=1e-3))
     assert {"tok_emb.ln_weight", "tok_emb.ln_bias"} <= plain
-
-
-@arms
-def test_configure_optimizers_default_groups_are_the_two_of_before(arm):
-    """lev_lr_scale = lev_wd_scale = 1: decay and no_decay, in this order, as before the settings
-    existed (so that the optimizer states of older checkpoints load), whatever the arm."""
-    model = tiny_model(arm)
-    not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
-    decay = [name for name, p in model.named_parameters()
-             if p.dim() >= 2 and name not in not_decayed]
-    no_decay = [name for name, p in model.named_parameters() if p.dim() < 2 or name in not_decayed]
-    names = {id(p): name for name, p in model.named_parameters()}
-
-    def groups(**scales):
-        optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, **scales)
-        return [([names[id(p)] for p in g["params"]], g["weight_decay"], g["lr_scale"])
-                for g in optimizer.param_groups]
-
-    expected = [(decay, 0.1, 1.0), (no_decay, 0.0, 1.0)]
-    assert groups() == groups(lev_lr_scale=1.0, lev_wd_scale=1.0) == expected
-    if arm != "lev":  # no LEV: the scales change nothing
-        assert groups(lev_lr_scale=0.5, lev_wd_scale=2.0) == expected
-
-
-def test_configure_optimizers_gives_lev_groups_of_its_own():
-    model = tiny_model("lev")
-    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, lev_lr_scale=0.5,
-                                           lev_wd_scale=3.0)
-    names = {id(p): name for name, p in model.named_parameters()}
-    groups = [({names[id(p)] for p in g["params"]}, g["weight_decay"], g["lr_scale"])
-              for g in optimizer.param_groups]
-    assert [(wd, scale) for _, wd, scale in groups] == [(0.1, 1.0), (0.0, 1.0),
-                                                         (pytest.approx(0.3), 0.5), (0.0, 0.5)]
-    assert groups[2][0] == {"tok_emb.codebooks", "tok_emb.seed_proj", "tok_emb.out_proj"}
-    assert groups[3][0] == {"tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias"}
-    assert not any(name.startswith("tok_emb.") for name in groups[0][0] | groups[1][0])
-    assert "lm_head.weight" in groups[0][0] and "norm.weight" in groups[1][0]
-    # a frozen LEV: its groups would be empty, and are left out
     model.tok_emb.requires_grad_(False)
-    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, lev_lr_scale=0.5)
-    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+    names, decayed, plain = decay_groups(model, adamw(model, learning_rate=1e-3))
+    assert not any(name.startswith("tok_emb.") for name in decayed | plain)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -497,7 +460,7 @@ def test_configure_optimizers_gives_lev_groups_of_its_own():
 def write_checkpoint(model, path, version=CHECKPOINT_VERSION):
     """A checkpoint as train.py writes it (the dict of the shared interface), after one training
     step."""
-    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)
+    optimizer = adamw(model, learning_rate=1e-3)
     _, loss = model(random_ids(2, 8, seed=1), random_ids(2, 8, seed=2))
     loss.backward()
     optimizer.step()
@@ -517,7 +480,7 @@ def write_checkpoint(model, path, version=CHECKPOINT_VERSION):
 def test_checkpoint_round_trip_gives_identical_logits(arm, fast, tmp_path):
     model = tiny_model(arm)
     if fast:
-        set_runtime(model)
+        install_fast_paths(model, lev=FastEmbedder(), lean_head=True)
     write_checkpoint(model, tmp_path / "ckpt.pt")
     model.eval()
     idx = random_ids(2, BLOCK, seed=3)
@@ -526,7 +489,7 @@ def test_checkpoint_round_trip_gives_identical_logits(arm, fast, tmp_path):
     for where in (tmp_path, tmp_path / "ckpt.pt", str(tmp_path)):
         loaded, ckpt = load_checkpoint(where, GPT, Config)
         if fast:
-            set_runtime(loaded)
+            install_fast_paths(loaded, lev=FastEmbedder(), lean_head=True)
         assert not loaded.training and ckpt["step"] == 1 and ckpt["meta"]["vocab_size"] == V
         assert loaded.config == model.config
         with torch.no_grad():
@@ -535,25 +498,13 @@ def test_checkpoint_round_trip_gives_identical_logits(arm, fast, tmp_path):
             assert loaded.lm_head.weight is loaded.tok_emb.weight
 
 
-def test_checkpoint_older_than_a_config_field_loads_with_the_value_it_was_made_with(tmp_path):
-    """A checkpoint written before lev_out_init_std existed: its models were initialised with 0.02
-    (machinery/checkpoints.py's FIELDS_ADDED), which is not today's default, and that is what its
-    config says once loaded."""
-    model = tiny_model("lev")
-    assert model.config.lev_out_init_std == 0.002  # today's default
-    write_checkpoint(model, tmp_path / "ckpt.pt")
-    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    del ckpt["model_config"]["lev_out_init_std"]
-    torch.save(ckpt, tmp_path / "ckpt.pt")
-    loaded, _ = load_checkpoint(tmp_path, GPT, Config)
-    assert loaded.config == dataclasses.replace(model.config, lev_out_init_std=0.02)
-    assert all(torch.equal(loaded.state_dict()[k], t) for k, t in model.state_dict().items())
-
-
 def test_checkpoint_of_another_version_is_refused(tmp_path):
     write_checkpoint(tiny_model("lev"), tmp_path / "ckpt.pt", version=CHECKPOINT_VERSION + 1)
     with pytest.raises(ValueError,
-                       match=f"format version {CHECKPOINT_VERSION + 1}.*reads versions"):
+                       match=f"format version {CHECKPOINT_VERSION + 1}.*reads version"):
+        load_checkpoint(tmp_path, GPT, Config)
+    write_checkpoint(tiny_model("lev"), tmp_path / "ckpt.pt", version=1)
+    with pytest.raises(ValueError, match="format version 1; .*Commit 66d9f67 of leviathan reads"):
         load_checkpoint(tmp_path, GPT, Config)
 
 

@@ -1,4 +1,4 @@
-"""prepare_data.py and its machinery (corpus, corpus_readers, corpus_bench, dataset): the format
+"""prepare_data.py and its machinery (corpus, corpus_readers, dataset): the format
 it writes, the reading helpers, and its command line (all hermetic)."""
 
 import glob
@@ -19,7 +19,7 @@ import tiktoken
 from conftest import ROOT, make_text
 
 import prepare_data
-from machinery import corpus, corpus_bench, corpus_readers, dataset
+from machinery import corpus, corpus_readers, dataset
 
 
 def is_one_line_error(err):
@@ -532,18 +532,6 @@ def test_work_in_flight_is_bounded(eot_encoding):
         assert len(read) <= done + 4
         assert eot_encoding.decode(tokens.tolist()) == f"Document {done - 1}.<|endoftext|>"
     assert done == 40 and stats["worker_peak_mib"] > 0
-
-
-def test_bench_prints_its_table(eot_encoding, capsys):
-    corpus_bench.bench([1, 2], eot_encoding, workers=1)
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| ")]
-    assert len(rows) == 5 and "tiny_eot" in rows[0]
-    assert rows[1].startswith("| tiktoken encode_ordinary, 1 thread | 1 |")
-    assert rows[3].startswith("| prepare_data.py, 1 workers | 1 |")
-    assert rows[4].startswith("| prepare_data.py, 1 workers | 2 |")
-    # the main process's peak memory; no workers with 1
-    assert re.search(r"\| \d+ / - \|$", rows[3])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from conftest import fast_path_check_running
 
 import leviathan
 import sample
-from machinery import checkpoints, dataset, decoder
+from machinery import checkpoints, dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -75,38 +75,16 @@ def test_greedy_equals_argmax_of_full_forward_passes_with_and_without_caches(tmp
     flags = [f"--start={prompt}", "--num_samples=1", f"--max_new_tokens={n_new}", "--temperature=0"]
     assert run(tmp_path / "out", *flags) == [expected]
     assert run(tmp_path / "out", *flags, "--no_kv_cache") == [expected]
-    assert run(tmp_path / "out", *flags, "--no_kv_cache", "--no_lev_cache") == [expected]
+    assert run(tmp_path / "out", *flags, "--no_kv_cache", "--plain") == [expected]
     # past the block size the model's window jumps; the KV cache must follow it exactly
     long_flags = [f"--start={prompt}", "--num_samples=1", f"--max_new_tokens={3 * BLOCK}",
                   "--temperature=0"]
     assert run(tmp_path / "out", *long_flags) == run(tmp_path / "out", *long_flags, "--no_kv_cache")
 
 
-def test_no_lev_cache_computes_every_step_afresh(char_ckpt, capsys, monkeypatch):
-    calls, checking = [], fast_path_check_running(monkeypatch)
-    embed_distinct = leviathan.LEV.embed_distinct
-
-    def counted(self, ids):
-        if not checking:
-            calls.append(len(ids))
-        return embed_distinct(self, ids)
-
-    monkeypatch.setattr(leviathan.LEV, "embed_distinct", counted)
-    flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=10", "--temperature=0"]
-    with_cache = run(char_ckpt, *flags)
-    cached_calls, calls[:] = list(calls), []
-    without_cache = run(char_ckpt, *flags, "--no_lev_cache")
-    assert with_cache == without_cache
-    fed = with_cache[0][:-1]  # the prompt and every sampled token but the last are fed to the model
-    assert sum(cached_calls) == len(set(fed))  # with the cache: each distinct id once
-    # without: every step's ids (the prompt, then one token at a time)
-    assert calls == [2] + [1] * 9
-    assert "lev_cache=off" in capsys.readouterr().err
-
-
 def test_no_kv_cache_feeds_the_whole_context_at_every_step(char_ckpt, capsys, monkeypatch):
     fed, checking = [], fast_path_check_running(monkeypatch)
-    backbone, step = leviathan.GPT.backbone, decoder.Decoder.step
+    backbone = leviathan.GPT.backbone
 
     def note(call):
         if not checking:
@@ -114,11 +92,9 @@ def test_no_kv_cache_feeds_the_whole_context_at_every_step(char_ckpt, capsys, mo
 
     monkeypatch.setattr(leviathan.GPT, "backbone", lambda self, x, kv_cache=None: note(
         (x.shape[1], kv_cache is not None)) or backbone(self, x, kv_cache))
-    monkeypatch.setattr(decoder.Decoder, "step", lambda self, x, kv: note(
-        ("decoder", x.shape[1])) or step(self, x, kv))
     flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=5"]
     run(char_ckpt, *flags)
-    assert fed == [(2, True)] + [("decoder", 1)] * 4  # the prompt, then only the newest token
+    assert fed == [(2, True)] + [(1, True)] * 4  # the prompt, then only the newest token
     fed.clear()
     run(char_ckpt, *flags, "--no_kv_cache")
     assert fed == [(n, False) for n in range(2, 7)]  # everything, every time
@@ -144,7 +120,7 @@ def test_streamed_stdout_equals_returned_texts_token_by_token(char_ckpt, capsys,
     assert len(out.flushed) >= 3 * 12  # every token is printed as soon as it is sampled
     err = capsys.readouterr().err
     assert ("36 tokens in" in err and "tokens/s after the first sample" in err
-            and "kv_cache=on, lev_cache=on" in err)
+            and "kv_cache=on, device=cpu" in err)
 
 
 def test_stream_text_holds_back_incomplete_utf8_characters(tiny_encoding):
@@ -254,7 +230,7 @@ def test_cli_streams_samples_and_reports_speed_then_fails_cleanly(char_ckpt):
     assert done.stdout.count("ROMEO:") == 2 and done.stdout.count(f"\n{sample.SEPARATOR}\n") == 2
     summary = done.stderr.strip().splitlines()[-1]
     assert ("40 tokens in" in summary and "tokens/s" in summary
-            and "kv_cache=off, lev_cache=on" in summary)
+            and "kv_cache=off, device=cpu" in summary)
     bad = subprocess.run([*cmd, "--top_p=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
 
@@ -262,20 +238,22 @@ def test_cli_streams_samples_and_reports_speed_then_fails_cleanly(char_ckpt):
 @pytest.mark.parametrize("embedding", ["lev", "tied"])
 def test_plain_runs_the_model_as_written_and_samples_the_same(tmp_path, embedding, capsys,
                                                               monkeypatch):
-    """--plain: none of the fast paths (a model whose code was edited samples what its code says),
-    and the same greedy text as with them."""
+    """--plain: no fast path (a model whose code was edited samples what its code says), and the
+    same greedy text as with them."""
     make_checkpoint(tmp_path / "out", embedding=embedding)
     flags = ["--start=To be", "--num_samples=1", f"--max_new_tokens={2 * BLOCK}", "--temperature=0"]
     fast = run(tmp_path / "out", *flags)
-    assert "fast_paths=on" in capsys.readouterr().err
-    steps = []
-    step = decoder.DecodeSession.__call__
-    monkeypatch.setattr(decoder.DecodeSession, "__call__",
-                        lambda self, *a: steps.append(1) or step(self, *a))
+    with_fast_paths = "on" if embedding == "lev" else f"none ({embedding} arm)"
+    assert f"fast_paths={with_fast_paths}" in capsys.readouterr().err
+    calls = []
+    if embedding == "lev":  # LEV's fast path is not called
+        reference = leviathan.LEV.reference
+        monkeypatch.setattr(leviathan.LEV, "reference",
+                            lambda self, idx: calls.append(1) or reference(self, idx))
     assert run(tmp_path / "out", *flags, "--plain") == fast
-    assert steps == []  # the fast decoder never ran
+    assert bool(calls) == (embedding == "lev")  # the recipe as written computed LEV
     err = capsys.readouterr().err
-    assert "fast_paths=off" in err and ("lev_cache=off" in err) == (embedding == "lev")
+    assert f"fast_paths={'off' if embedding == 'lev' else with_fast_paths}" in err
 
 
 def test_plain_and_compile_are_refused_together(char_ckpt, capsys):

@@ -1,21 +1,22 @@
-"""What you edit is what runs: each fast path, once installed, is checked against the model's own
-code as it stands, and steps aside where the two differ.
+"""The fast paths a script installs on a model, each checked against the model's own code as it
+stands: what you edit is what runs.
 
-A reader who edits leviathan.py (another spline, activation, norm or loss term) changes the plain
-code, and the fast paths are re-implementations of parts of it: LEV's spline product
-(fast_lev.py), the memory-lean loss (lean_head.py) and the one-token decoder (decoder.py). So
-set_runtime (runtime.py) calls check_fast_paths after installing them. Each installed fast path
-computes a small probe with the hook on and with it off (the model's own code), on the model's
-device and in its parameters' dtype:
+leviathan.py runs as written, and leaves two hooks at None for the two narrow functions that plain
+torch runs far slower: LEV.fast_embed, LEV's spline product (fast_lev.py), and GPT.fast_loss, the
+loss of the V-wide head without all the logits at once (lean_head.py). They are settings of a run,
+not of the architecture: kept out of Config and checkpoints.
+
+A reader who edits leviathan.py (another spline, norm or loss term) changes the plain code, which
+the fast paths re-implement. So install_fast_paths checks each one it installs: it computes a small
+probe with the hook on and with it off (the model's own code), on the model's device and in its
+parameters' dtype:
 
   LEV       a few ids, both ends of the vocabulary among them, once with the model's weights and
             once with its LayerNorm gains widened and one spline negated (coordinates at both ends
             of [0, 1], modes of either sign); in training mode the gradients too;
-  the loss  one short batch (an ignored target among them), reduction "mean" and "none"; in
-            training mode every parameter's gradient too;
-  decoding  a few greedy steps of GPT.stream after a prompt nearly a block long, each step's logits;
-the loss and decoding once more with scaled_weights, where attention and logits act as in a trained
-model.
+  the loss  one short batch (an ignored target among them), reduction "mean" and "none", once more
+            with scaled_weights, where attention and logits act as in a trained model; in training
+            mode every parameter's gradient too.
 
 Where the largest relative difference passes TOLERANCE (float noise is far below it, see
 docs/model.md), that fast path is removed and one line says which, by how much, and that the model
@@ -34,25 +35,37 @@ import sys
 
 import torch
 
+from machinery.lean_head import linear_cross_entropy
+
 # largest relative difference (max |fast - plain| / max |plain|, per tensor) that counts as float
 # noise, by the probe's dtype; docs/model.md has the measured noise (fp32: ~1e-6) and edits' sizes
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
 LEV_PROBE_IDS = 9  # evenly spaced over [0, V): the first and the last id among them
 LOSS_PROBE = (2, 32)  # batch and (at most) sequence length of the loss's probe
-DECODE_STEPS = 3  # greedy steps of the decoding probe, after a prompt of block_size - 3 tokens
 TRAINED_LOGITS = 32  # about the largest logit of a trained model; see weight_factors
 
 PARTS = {  # hook -> (the fast path, the model's own code it replaces, what then runs as written)
     "lev": ("LEV's fast path (machinery/fast_lev.py)", "leviathan.py's LEV", "LEV"),
     "loss": ("the lean head (machinery/lean_head.py)", "leviathan.py's loss (GPT.forward)",
              "the loss"),
-    "decoding": ("the fast decoder (machinery/decoder.py)",
-                 "leviathan.py's generation (GPT.forward)", "generation"),
 }
 
 
 def say_on_stderr(line):
     print(line, file=sys.stderr, flush=True)
+
+
+def install_fast_paths(model, lev=None, lean_head=False, check=True, say=say_on_stderr):
+    """Set the model's fast paths (each call sets both): lev, a FastEmbedder (fast_lev.py) or None
+    for LEV's recipe as written (lev arm only); lean_head, the loss from linear_cross_entropy.
+    check: check each against the model's own code (check_fast_paths), on the model's device:
+    install on the model where it will run, after its weights are loaded."""
+    if model.config.embedding == "lev":
+        model.tok_emb.fast_embed = lev
+    model.fast_loss = linear_cross_entropy if lean_head else None
+    if check:
+        check_fast_paths(model, say)
+    return model
 
 
 def check_fast_paths(model, say=say_on_stderr):
@@ -62,25 +75,22 @@ def check_fast_paths(model, say=say_on_stderr):
     if getattr(model.tok_emb, "fast_embed", None) is not None:
         found["lev"] = check_lev(model.tok_emb, say)
     if model.fast_loss is not None:
-        found["loss"] = check(model, "fast_loss", "loss", lambda: loss_outputs(model),
-                              largest_difference, say)
-    if model.fast_decoding is not None:
-        found["decoding"] = check(model, "fast_decoding", "decoding",
-                                  lambda: decoding_outputs(model), decoding_difference, say)
+        found["loss"] = check(model, "fast_loss", "loss", lambda: loss_outputs(model), say)
     return found
 
 
 def check_lev(lev, say=say_on_stderr):
     """check_fast_paths for a LEV module alone (its fast_embed)."""
-    return check(lev, "fast_embed", "lev", lambda: lev_outputs(lev), largest_difference, say)
+    return check(lev, "fast_embed", "lev", lambda: lev_outputs(lev), say)
 
 
-def check(owner, hook, part, outputs, compare, say):
-    """compare(outputs() with owner.<hook>, outputs() without); the hook is removed, with a line,
-    unless that is within the tolerance -> the relative difference, or the probe's error."""
+def check(owner, hook, part, outputs, say):
+    """largest_difference(outputs() with owner.<hook>, outputs() without); the hook is removed,
+    with a line, unless that is within the tolerance -> the relative difference, or the probe's
+    error."""
     try:
         with exact_arithmetic(owner):
-            found = compare(*with_and_without(owner, hook, outputs))
+            found = largest_difference(*with_and_without(owner, hook, outputs))
     except (torch.OutOfMemoryError, MemoryError):
         raise  # the machine's limit, not the code's: the script says what to do
     except Exception as error:  # a probe that fails: the model as written, never a traceback
@@ -151,17 +161,6 @@ def largest_difference(fast, plain):
     if len(fast) != len(plain):
         return float("inf")
     return max((relative_difference(f, p) for f, p in zip(fast, plain, strict=True)), default=0.0)
-
-
-def decoding_difference(fast, plain):
-    """The largest relative difference of the decoding probes' logits, run by run, up to and
-    including the first step whose greedy tokens part (each run's last tensor: its tokens)."""
-    found = 0.0
-    for (*fast_logits, fast_tokens), (*plain_logits, plain_tokens) in zip(fast, plain, strict=True):
-        parted = (fast_tokens != plain_tokens).flatten().nonzero()
-        steps = int(parted[0]) + 1 if len(parted) else len(fast_logits)  # logits[i] chose token i
-        found = max(found, largest_difference(fast_logits[:steps], plain_logits[:steps]))
-    return found
 
 
 def relative_difference(fast, plain):
@@ -264,8 +263,8 @@ def loss_and_gradients(model, idx, targets):
 
 
 def weight_factors(model, idx):
-    """The weight scales a probe runs at: 1, and a power of two up to 4 where the model's logits on
-    idx are small (at initialisation their largest is ~1), so that they reach ~TRAINED_LOGITS, as
+    """The weight scales of the loss probe: 1, and a power of two up to 4 where the model's logits
+    on idx are small (at initialisation their largest is ~1), so that they reach ~TRAINED_LOGITS, as
     in a trained model, and attention is peaked. There an edit of the attention or of the logits
     shows, where flat attention and small logits hide it. No further: fp32's rounding of logits
     grows with them, and so would the float noise."""
@@ -295,41 +294,3 @@ def scaled_weights(model, factor):
         with torch.no_grad():
             for p in scaled:
                 p.mul_(1 / factor)
-
-
-def decoding_outputs(model):
-    """The logits of each call GPT.stream makes for a few greedy steps after a prompt nearly a block
-    long, with the model's weights and with scaled_weights. The two sides are compared up to the
-    first step where their greedy tokens part (a near tie can flip under float noise, and the
-    contexts differ after it): each run's outputs end with its tokens."""
-    c = model.config
-    device = next(model.parameters()).device
-    P = max(1, c.block_size - DECODE_STEPS)
-    prompt = torch.randint(c.vocab_size, (1, P), generator=probe_generator(3))
-    prompt[0, :2] = torch.tensor([0, c.vocab_size - 1])[:P]
-    prompt = prompt.to(device)
-    return [greedy_logits(model, prompt, factor) for factor in weight_factors(model, prompt)]
-
-
-def greedy_logits(model, prompt, factor):
-    """[logits of each call of GPT.stream's, tokens] for DECODE_STEPS greedy tokens after prompt."""
-    logits = []
-    make_session = model.fast_decoding
-
-    def recording(model):
-        step = (make_session(model) if make_session is not None
-                else lambda tokens, kv_cache: model(tokens, kv_cache=kv_cache)[0])
-
-        def last_logits(tokens, kv_cache):
-            logits.append(step(tokens, kv_cache))
-            return logits[-1]
-
-        return last_logits
-
-    model.fast_decoding = recording
-    try:
-        with scaled_weights(model, factor):
-            tokens = torch.cat(list(model.stream(prompt, DECODE_STEPS, temperature=0)), 1)
-    finally:
-        model.fast_decoding = make_session
-    return [*logits, tokens]
