@@ -480,7 +480,7 @@ def write_checkpoint(model, path, version=CHECKPOINT_VERSION):
 def test_checkpoint_round_trip_gives_identical_logits(arm, fast, tmp_path):
     model = tiny_model(arm)
     if fast:
-        install_fast_paths(model, lev=FastEmbedder(), lean_head=True)
+        install_fast_paths(model, lev=FastEmbedder())
     write_checkpoint(model, tmp_path / "ckpt.pt")
     model.eval()
     idx = random_ids(2, BLOCK, seed=3)
@@ -489,7 +489,7 @@ def test_checkpoint_round_trip_gives_identical_logits(arm, fast, tmp_path):
     for where in (tmp_path, tmp_path / "ckpt.pt", str(tmp_path)):
         loaded, ckpt = load_checkpoint(where, GPT, Config)
         if fast:
-            install_fast_paths(loaded, lev=FastEmbedder(), lean_head=True)
+            install_fast_paths(loaded, lev=FastEmbedder())
         assert not loaded.training and ckpt["step"] == 1 and ckpt["meta"]["vocab_size"] == V
         assert loaded.config == model.config
         with torch.no_grad():
