@@ -380,8 +380,10 @@ def train(given, explicit):
     model.to(procs.device)
     # the fast paths, each checked against leviathan.py as it stands on this device (an edited
     # model runs as written where they differ, said in one line)
-    lev = s["lev_fast"] and FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"])
-    install_fast_paths(model, lev=lev or None, lean_head=s["lean_head"], say=procs.note)
+    lev = None
+    if s["lev_fast"]:
+        lev = FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"])
+    install_fast_paths(model, lev=lev, lean_head=s["lean_head"], say=procs.note)
     optimizer = make_optimizer(model, s, procs.device.type)
     scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")
     if resuming:

@@ -205,25 +205,6 @@ def torch_spline_product_backward(t, S_padded, G, chunk, compile, normalize):
     return grad_t, grad_S
 
 
-def pad_spline(S):
-    """S (h, d, kappa, r) -> (h*d, kappa + 2, r), with a zero knot at each end."""
-    h, d, n_knots, r = S.shape
-    return F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
-
-
-def spline_product(t, S_padded, chunk, kernels, normalize):
-    """SplineProduct's forward: t (U, h, d) -> M (U, h, r), by the kernels named."""
-    # Weights that diverged give non-finite coordinates. The modes are then NaN (so is the loss, and
-    # train.py stops cleanly) instead of a NaN becoming a knot index far out of range. Checked here,
-    # once, not inside the kernels, where a guard would cost much of their time under
-    # torch.compile.
-    if not torch.isfinite(t).all():
-        return t.new_full((*t.shape[:2], S_padded.shape[2]), float("nan"))
-    if kernels == "c":
-        return c_spline_product(t, S_padded, normalize)
-    return torch_spline_product(t, S_padded, chunk, kernels == "compiled", normalize)
-
-
 class SplineProduct(torch.autograd.Function):
     """The heavy core of LEV: unit coordinates t -> rank-1 separable modes M, recomputed in
     backward.
@@ -242,9 +223,21 @@ class SplineProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t, S, chunk, kernels, normalize):
-        S_padded = pad_spline(S)
+        U, h, d = t.shape
+        n_knots, r = S.shape[2:]
+        S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
+        # Weights that diverged give non-finite coordinates. The modes are then NaN (so is the loss,
+        # and train.py stops cleanly) instead of a NaN becoming a knot index far out of range.
+        # Checked here, once, not inside the kernels, where a guard would cost much of their time
+        # under torch.compile.
+        ctx.finite = bool(torch.isfinite(t).all())
         ctx.chunk, ctx.kernels, ctx.normalize = chunk, kernels, normalize
-        M = spline_product(t, S_padded, chunk, kernels, normalize)
+        if not ctx.finite:
+            M = t.new_full((U, h, r), float("nan"))
+        elif kernels == "c":
+            M = c_spline_product(t, S_padded, normalize)
+        else:
+            M = torch_spline_product(t, S_padded, chunk, kernels == "compiled", normalize)
         ctx.save_for_backward(t, S_padded, M)
         return M
 
@@ -254,7 +247,7 @@ class SplineProduct(torch.autograd.Function):
         t, S_padded, M = ctx.saved_tensors
         h, d = t.shape[1:]
         n_padded, r = S_padded.shape[1:]
-        if not torch.isfinite(t).all():  # spline_product gave NaN modes
+        if not ctx.finite:
             nan_S = S_padded.new_full((h, d, n_padded - 2, r), float("nan"))
             return torch.full_like(t, float("nan")), nan_S, None, None, None
         # fp32 like the forward, even under autocast
