@@ -27,6 +27,10 @@ TESTED = "0.4.13"  # the lm_eval release the adapter is tested with
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        # lm_eval first: without it, the error names lm_eval, not one of the adapter's other
+        # imports that only lm_eval brings (PyYAML)
+        import lm_eval  # noqa: F401
+
         from machinery import harness
     except ModuleNotFoundError as e:  # lm_eval is optional
         if e.name and e.name.split(".")[0] == "lm_eval":
