@@ -19,30 +19,48 @@ formats eval.py --task reads, prompted as the harness's own tasks are. Needs lm_
 import sys
 
 from leviathan import GPT, Config
-from machinery import cli
+from machinery import checkpoints, cli
 
 TESTED = "0.4.13"  # the lm_eval release the adapter is tested with
+
+try:  # lm_eval is optional; imported first, so that without it the error names lm_eval (not
+    # PyYAML, one of the adapter's imports that only lm_eval brings)
+    import lm_eval  # noqa: F401
+    from lm_eval.api.registry import register_model
+
+    from machinery import harness
+    cannot_import = None
+except ImportError as e:
+    cannot_import = e
+else:
+    @register_model("leviathan")
+    class Leviathan(harness.LeviathanLM):
+        """The adapter, registered as lm_eval's model "leviathan": run=DIR is built with
+        leviathan.py's classes, as sample.py builds it."""
+
+        def load(self, run, device):
+            try:
+                return checkpoints.load_model_and_tokenizer(run, GPT, Config, device)
+            except (OSError, ValueError) as e:
+                raise harness.AdapterError(str(e)) from None
+
+
+def why_not_importable(e):
+    """What to do when the adapter cannot be imported, in one line."""
+    if isinstance(e, ModuleNotFoundError):
+        if e.name and e.name.split(".")[0] == "lm_eval":
+            return (f"needs lm-evaluation-harness: pip install lm_eval (tested with lm_eval "
+                    f"{TESTED})")
+        return f"lm_eval cannot be imported without {e.name!r}; reinstall it: pip install lm_eval"
+    # an lm_eval release without a helper the adapter uses
+    return (f"this lm_eval lacks what the adapter uses ({cli.one_line(e)}); install the release it "
+            f"is tested with: pip install lm_eval=={TESTED}")
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        # lm_eval first: without it, the error names lm_eval, not one of the adapter's other
-        # imports that only lm_eval brings (PyYAML)
-        import lm_eval  # noqa: F401
-
-        from machinery import harness
-    except ModuleNotFoundError as e:  # lm_eval is optional
-        if e.name and e.name.split(".")[0] == "lm_eval":
-            cli.fail("harness.py", f"needs lm-evaluation-harness: pip install lm_eval "
-                                   f"(tested with lm_eval {TESTED})")
-        cli.fail("harness.py", f"lm_eval cannot be imported without {e.name!r}; reinstall it: "
-                               f"pip install lm_eval")
-    except ImportError as e:  # an lm_eval release without a helper the adapter uses
-        cli.fail("harness.py", f"this lm_eval lacks what the adapter uses ({cli.one_line(e)}); "
-                               f"install the release it is tested with: pip install "
-                               f"lm_eval=={TESTED}")
-    harness.register(GPT, Config)
+    if cannot_import is not None:
+        cli.fail("harness.py", why_not_importable(cannot_import))
     if not argv or argv in (["-h"], ["--help"]):
         print(__doc__.strip() + "\n")
         argv = ["run", "--help"]

@@ -44,6 +44,7 @@ import dataclasses
 import json
 import math
 import os
+import string
 import sys
 import time
 
@@ -57,13 +58,25 @@ from machinery import checkpoints, cli, retrofit, runs
 from machinery.fast_lev import FastEmbedder
 from machinery.fast_paths import install_fast_paths
 from machinery.grad_stats import GradStats, clipped
-from machinery.settings import SettingsError, above, at_least, help_text, parse_args, within
+from machinery.settings import (
+    SettingsError,
+    above,
+    all_of,
+    at_least,
+    below,
+    check_rules,
+    help_text,
+    parse_args,
+    set_setting,
+    within,
+)
 
 # --------------------------------------------------------------------------------------------------
 # Settings: name -> (default, help) or (default, help, rule). The model's come from
 # leviathan.Config's fields, defaults and help, and Config checks them; a rule (at_least, above,
 # within: machinery/settings.py) bounds a number.
 
+RETROFIT = "retrofit (--init_from=RUN of a tied or untied run, with --embedding=lev)"
 MODEL = {f.name: (f.default, f.metadata["help"]) for f in dataclasses.fields(Config)
          if f.name != "vocab_size"}
 
@@ -122,10 +135,24 @@ SETTINGS = {
     "compile": (False, "torch.compile the model"),
     "seed": (1337, "seed of the model's initialization and, separately, of the data order",
              within(0, runs.SEED_LIMIT, "2^63 - 2^21")),
-    **retrofit.SETTINGS,  # fitting LEV to a table model's input table (fit_steps, fit_lr, ...)
+    # a retrofit: LEV fitted to a table model's input table first (machinery/retrofit.py)
+    "fit_steps": (4000, f"{RETROFIT}: Adam steps fitting LEV alone to the source's input table, "
+                        f"before the whole model fine-tunes", at_least(0)),
+    "fit_lr": (1e-3, "retrofit: the fit's peak learning rate (linear warmup over its first 5% of "
+                     "steps, then cosine decay to a tenth)", above(0)),
+    "fit_batch": (4096, "retrofit: ids per fit step, drawn (with replacement) by fit_weights",
+                  all_of(at_least(1), below(2 ** 31, "2^31 (the default is 4096)"))),
+    "fit_loss": ("cosine_norm", "retrofit: what LEV(i) minimises against table row i: cosine_norm "
+                                "(1 - cosine, plus the squared relative error of the norm) or mse "
+                                "(squared error, relative to the rows' mean squared norm)"),
+    "fit_weights": ("counts", "retrofit: how ids count in the fit: counts (their training-split "
+                              "counts), seen (uniform over ids seen in the training split), "
+                              "uniform (all ids)"),
 }
 CHOICES = {"embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
-           "dtype": ("auto", "float32", "bfloat16", "float16"), **retrofit.CHOICES}
+           "dtype": ("auto", "float32", "bfloat16", "float16"),
+           "fit_loss": ("cosine_norm", "mse"), "fit_weights": ("counts", "seen", "uniform")}
+FIT_SETTINGS = ("fit_steps", "fit_lr", "fit_batch", "fit_loss", "fit_weights")
 
 
 def get_lr(step, s):
@@ -186,6 +213,155 @@ def estimate_loss(model, split, starts, s, procs):
 
 
 # --------------------------------------------------------------------------------------------------
+# A run's settings, resolved once, top to bottom: a scratch run takes them as given (defaults,
+# then config files, then flags); a resume takes its checkpoint's, files and flags on top; a
+# fine-tune takes its source's architecture (a retrofit keeps this run's LEV settings). Every
+# problem is a SettingsError of one line.
+
+
+def resolve_run(given, explicit):
+    """The run's settings from those given (explicit: the names that files or flags set) ->
+    (settings, the checkpoint to resume or fine-tune, None for a scratch run). out_dir's {name}s
+    are filled in, and a new run's lr_decay_iters=0 is fixed as its max_iters (a resume keeps its
+    schedule)."""
+    s = dict(given)
+    for key in ("lev_c_kernels", "lev_compile"):  # refused rather than silently ignored
+        if key in explicit and not s["lev_fast"]:
+            raise SettingsError(f"{key}={s[key]} is a setting of LEV's fast path, and "
+                                f"lev_fast=False runs none; drop --{key}")
+    warmup, decay = s["warmup_iters"], s["lr_decay_iters"]
+    if s["init_from"] != "resume" and 0 < decay < warmup:  # a resume keeps its own schedule
+        raise SettingsError(f"warmup_iters={warmup} must not exceed lr_decay_iters={decay}")
+    # a fine-tuning run takes the source's architecture first: out_dir's {embedding} is the source's
+    source = None
+    if s["init_from"] not in ("scratch", "resume"):
+        source, architecture = read_source(s, explicit)
+        s.update(architecture)
+        check_settings(s)
+    fit_flags = [key for key in FIT_SETTINGS if key in explicit]
+    if fit_flags and not (source is not None and source["retrofit"]):  # refused, not ignored
+        raise SettingsError(f"{fit_flags[0]}={s[fit_flags[0]]} applies to a {RETROFIT} only, "
+                            f"which this run is not (a resumed run does not fit again); drop "
+                            f"--{fit_flags[0]}")
+    s["out_dir"] = formatted_out_dir(s)
+    cli.check_output_dir(s["out_dir"], "out_dir")
+    path = ckpt_path(s)
+    if s["init_from"] != "resume":  # a new run: from scratch, or fine-tuning a checkpoint
+        # a run is a checkpoint: a log.jsonl alone is a run that stopped before its first save
+        # (Ctrl-C or a failure during the retrofit's fit, say), and the same command starts anew
+        if os.path.exists(path) and not s["overwrite"]:
+            raise SettingsError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
+                                f"--init_from=resume, train into another --out_dir, or pass "
+                                f"--overwrite to replace it")
+        s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed now: a resume keeps it
+        if source is not None and (os.path.realpath(os.path.dirname(source["path"]))
+                                   == os.path.realpath(s["out_dir"])):
+            raise SettingsError(f"--init_from={s['init_from']} is this run's own out_dir; "
+                                f"fine-tune into another --out_dir (or continue that run with "
+                                f"--init_from=resume)")
+        return s, source
+    if not os.path.isfile(path):
+        raise SettingsError(f"{s['out_dir']} holds no ckpt.pt to resume (a run stopped before its "
+                            f"first save keeps none); start it again without --init_from=resume, "
+                            f"or fix --out_dir")
+    ckpt, _ = checkpoints.read_checkpoint(path, "cpu", for_resume=True)
+    s.update(resumed_settings(ckpt, path, s, explicit))
+    check_settings(s)
+    return s, ckpt
+
+
+def check_settings(s):
+    """Each setting's rule in the table, then what one setting alone does not say; the model's are
+    checked by Config itself."""
+    for key, value in s.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SettingsError(f"{key}={value} must be a finite number")
+    check_rules(s, SETTINGS)
+    if s["min_lr"] > s["learning_rate"]:
+        raise SettingsError(f"min_lr={s['min_lr']} must not exceed learning_rate="
+                            f"{s['learning_rate']} (the decay goes down to min_lr)")
+    if set(filter(None, s["freeze"].split(","))) - set(runs.PARTS):
+        raise SettingsError(f"freeze={s['freeze']!r}: choose among {', '.join(runs.PARTS)} "
+                            f"(comma-separated)")
+    if s["init_from"] == "":
+        raise SettingsError("init_from is empty; use scratch, resume, or the path of a checkpoint "
+                            "to fine-tune")
+    if os.path.basename(s["dataset"]) != s["dataset"] or s["dataset"] in ("", ".", ".."):
+        raise SettingsError(f"dataset={s['dataset']!r} must be a folder name under data_dir (use "
+                            f"--data_dir for another folder)")
+    try:  # the model's own checks, before any work
+        Config(vocab_size=2, **{key: s[key] for key in MODEL})
+    except ValueError as e:
+        raise SettingsError(str(e).removeprefix("Config: ")) from None
+
+
+def resumed_settings(ckpt, path, s, explicit):
+    """What a resumed run takes from its checkpoint: its run settings, unless a file or flag set
+    them (one newer than the checkpoint keeps its default; each checked, as a hand-edit could hold
+    any type), and its architecture, which a flag may not change."""
+    taken = {}
+    for key, value in ckpt["train_config"].items():
+        if (key in SETTINGS and key not in MODEL and key not in explicit
+                and key not in ("out_dir", "init_from")):
+            set_setting(taken, key, value, f"{path} (train_config)", SETTINGS, CHOICES)
+    for key, value in saved_architecture(ckpt["model_config"]).items():
+        if key in explicit and s[key] != value:  # the checkpoint's model; a flag may not change it
+            raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; a "
+                                f"resumed run keeps its model (drop --{key}, or use another "
+                                f"out_dir)")
+        taken[key] = value
+    return taken
+
+
+def read_source(s, explicit):
+    """The checkpoint a fine-tuning run starts from -> (it, the settings it gives the run: its
+    architecture; flags may change dropout only). A retrofit, --embedding=lev from a tied or
+    untied source, keeps LEV's settings from this run instead (source["retrofit"] says which)."""
+    source, path = checkpoints.read_checkpoint(s["init_from"], "cpu")
+    source["retrofit"] = (s["embedding"] == "lev" and "embedding" in explicit
+                          and source["model_config"].get("embedding") in ("tied", "untied"))
+    taken = {}
+    for key, value in saved_architecture(source["model_config"]).items():
+        if source["retrofit"] and (key == "embedding" or key.startswith("lev_")):
+            continue  # the new LEV's settings: this run's flags and defaults
+        if key in explicit and s[key] != value and key != "dropout":
+            raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; "
+                                f"fine-tuning keeps the source's architecture (drop --{key})")
+        if key != "dropout" or key not in explicit:
+            taken[key] = value
+    source["path"] = path
+    return source, taken
+
+
+def saved_architecture(model_config):
+    """A checkpoint's model settings; a missing one gets its default, which is also what
+    Config(**model_config) gives the model."""
+    return {key: model_config.get(key, entry[0]) for key, entry in MODEL.items()}
+
+
+def formatted_out_dir(s):
+    """out_dir with its {name}s replaced by those settings, e.g. out-{dataset}-{embedding}: one
+    folder per arm, so that arms do not overwrite each other."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(s["out_dir"])
+                  if field is not None]
+        if any(field not in SETTINGS for field in fields):  # no {dataset.upper} or {0}: plain names
+            raise KeyError(next(field for field in fields if field not in SETTINGS))
+        return s["out_dir"].format(**s)
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise SettingsError(f"out_dir={s['out_dir']!r}: each {{...}} must name a setting, e.g. "
+                            f"{{embedding}} ({type(e).__name__}: {e})") from None
+
+
+def ckpt_path(s):
+    return os.path.join(s["out_dir"], "ckpt.pt")
+
+
+def log_path(s):
+    return os.path.join(s["out_dir"], "log.jsonl")
+
+
+# --------------------------------------------------------------------------------------------------
 # The run: a model to train, from scratch, a checkpoint to fine-tune or one to resume
 
 
@@ -197,7 +373,7 @@ def start_run(s, ckpt, data, procs):
     run = {"step": 0, "tokens_seen": 0, "best_val_loss": float("inf"), "elapsed_before": 0.0,
            "data_order": torch.Generator(), "origin": None, "fit_table": None}
     if ckpt is not None and s["init_from"] == "resume":
-        path = runs.ckpt_path(s)
+        path = ckpt_path(s)
         runs.check_same_tokens(ckpt["meta"], data, path, "resume on data with the same "
                                "tokenizer, or train from scratch in another out_dir")
         model = checkpoints.build_model(ckpt, path, GPT, Config).train()
@@ -243,7 +419,7 @@ def save_checkpoint(s, model, optimizer, scaler, run, data, procs):
         ckpt["origin"] = run["origin"]
     if scaler.is_enabled():
         ckpt["scaler"] = scaler.state_dict()
-    checkpoints.save_checkpoint(ckpt, runs.ckpt_path(s))
+    checkpoints.save_checkpoint(ckpt, ckpt_path(s))
 
 
 def elapsed(run):
@@ -252,7 +428,7 @@ def elapsed(run):
 
 def diverged(what, s, procs):
     if procs.master:
-        path = runs.ckpt_path(s)
+        path = ckpt_path(s)
         kept = (f"{path} keeps the last good state" if os.path.exists(path)
                 else "no checkpoint was written")
         print(f"train.py: error: {what}; stopping without saving, {kept}. Lower learning_rate "
@@ -276,7 +452,7 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
     T, B, accum = s["block_size"], s["batch_size"], s["gradient_accumulation_steps"]
     fast_model = train_model.module if procs.ddp else train_model  # no DDP in evaluation
     grad_stats = GradStats(model, s["grad_clip"])  # the steps since the previous record
-    log_path = runs.log_path(s)
+    log_file = log_path(s)
     t_log, steps_since_log, clipped_since_log, last_eval_s = time.time(), 0, 0, 0.0
     while True:
         step = run["step"]
@@ -298,12 +474,12 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
                 if step == 0 and "retrofit" in run["origin"]:  # the fit's figures, once
                     record["retrofit"] = run["origin"]["retrofit"]
             if procs.master:
-                with open(log_path, "a", encoding="utf-8") as f:
+                with open(log_file, "a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
             save_checkpoint(s, model, optimizer, scaler, run, data, procs)
             procs.log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
                       f"{run['best_val_loss']:.4f}), eval {last_eval_s:.1f} s, saved "
-                      f"{runs.ckpt_path(s)}")
+                      f"{ckpt_path(s)}")
             t_log = time.time()  # progress lines time the training steps only
         if step >= s["max_iters"]:
             return 0
@@ -361,16 +537,18 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
             t_log, steps_since_log, clipped_since_log = time.time(), 0, 0
         if stop:
             save_checkpoint(s, model, optimizer, scaler, run, data, procs)
-            procs.log(f"stopped at step {run['step']}; saved {runs.ckpt_path(s)}. Continue with: "
+            procs.log(f"stopped at step {run['step']}; saved {ckpt_path(s)}. Continue with: "
                       f"python train.py --out_dir={s['out_dir']} --init_from=resume")
             return 130
 
 
 def train(given, explicit):
     """One run: its settings, data and model, then train_loop -> the exit code."""
-    s, ckpt = runs.resolve_run(given, explicit, SETTINGS, CHOICES, MODEL, Config)
+    s, ckpt = resolve_run(given, explicit)
     resuming = s["init_from"] == "resume"
-    procs, data = runs.Processes(s), runs.Data(s)
+    procs = runs.Processes(s["device"], s["dtype"], s["gradient_accumulation_steps"])
+    data = runs.Data(s["data_dir"], s["dataset"], s["block_size"],
+                     s["eval_iters"] * s["batch_size"] or None)
     if procs.master:
         cli.remove_stale_temps(s["out_dir"])  # half-written files of runs killed mid-save
     model, run = start_run(s, ckpt, data, procs)
@@ -387,21 +565,24 @@ def train(given, explicit):
     optimizer = make_optimizer(model, s, procs.device.type)
     scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")
     if resuming:
-        runs.load_optimizer_state(ckpt, optimizer, scaler, runs.ckpt_path(s))
+        runs.load_optimizer_state(ckpt, optimizer, scaler, ckpt_path(s))
     del ckpt
     run["t_start"] = time.time()
     # joining the group waits for every process: all have checked out_dir before log.jsonl exists
     if procs.ddp:
         dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
-    log_path = runs.log_path(s)
-    logged = procs.from_master(resuming and runs.logged(log_path, run["step"]))
+    log_file = log_path(s)
+    logged = procs.from_master(resuming and runs.logged(log_file, run["step"]))
     evaluated = run["step"] if logged else None  # its record is in the log: not evaluated again
     if procs.master:
-        runs.start_log(log_path, resuming, run["step"])
-    runs.report_start(model, run, data, procs, s)
+        runs.start_log(log_file, resuming, run["step"])
+    report_start(model, run, data, procs, s)
     if run["fit_table"] is not None:  # a retrofit: fit LEV to the source's table, then free it
+        fit = {key: s[key] for key in FIT_SETTINGS}
         run["origin"]["retrofit"] = retrofit.retrofit(model.tok_emb, run.pop("fit_table"),
-                                                      data.train, s, procs.log)
+                                                      data.train, **fit,
+                                                      log_interval=s["log_interval"],
+                                                      seed=s["seed"], log=procs.log)
     # wrap: torch.compile, then DDP; model stays the plain module (checkpoints, evaluation)
     train_model = torch.compile(model) if s["compile"] else model
     if procs.ddp:
@@ -417,6 +598,46 @@ def train(given, explicit):
             dist.destroy_process_group()
 
 
+def report_start(model, run, data, procs, s):
+    """What the run trains on, with, where, and from which step."""
+    report = model.param_report()
+    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
+    procs.log(f"data: {data.dir}, {data.meta['tokenizer']} tokens, vocab "
+              f"{data.meta['vocab_size']:,}, train {len(data.train):,}, val {len(data.val):,} "
+              f"tokens ({len(data.val_starts)} eval windows per split)")
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    procs.log(f"model: {s['embedding']}, parameters: input embedding "
+              f"{report['input_embedding']:,}, backbone {report['backbone']:,}, head "
+              f"{report['head']:,}, total {report['total']:,}"
+              + (f", trainable {trainable:,} (frozen: {s['freeze']})" if s["freeze"] else ""))
+    if run["origin"] is not None:
+        procs.log(f"fine-tuning {run['origin']['checkpoint']} (step {run['origin']['step']}, "
+                  f"dataset {run['origin']['dataset']}) with a fresh optimizer and schedule")
+    where = (f"resuming at step {run['step']}" if s["init_from"] == "resume"
+             else f"writing {ckpt_path(s)}")
+    procs.log(f"device {procs.device}, dtype {procs.dtype}, {procs.world} process(es), "
+              f"{tokens_per_step:,} tokens per step, {where}")
+    if s["init_from"] == "resume" and s["max_iters"] > s["lr_decay_iters"] > 0:
+        procs.log(f"note: the cosine decay ends at step {s['lr_decay_iters']} (lr_decay_iters, "
+                  f"kept from the checkpoint), then lr stays at min_lr; pass --lr_decay_iters to "
+                  f"change the schedule")
+
+
+def what_was_kept(s):
+    """After a stop outside the training loop: what out_dir holds, and how to go on (s: the
+    settings as given, out_dir's {name}s not yet filled in)."""
+    try:
+        out_dir = s and formatted_out_dir(s)
+    except SettingsError:
+        out_dir = None
+    if not out_dir or not os.path.isdir(out_dir):
+        return "nothing was written"
+    if os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
+        return (f"{out_dir}/ckpt.pt keeps the last saved state; continue with --out_dir={out_dir} "
+                f"--init_from=resume")
+    return "no checkpoint was saved yet: the same command starts the run again"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
@@ -425,11 +646,11 @@ def main(argv=None):
     settings = None
     try:
         settings, explicit = parse_args(argv, SETTINGS, CHOICES, "train.py")
-        runs.check_settings(settings, SETTINGS, MODEL, Config)
+        check_settings(settings)
         return train(settings, explicit)
     except KeyboardInterrupt:  # outside the training loop (which saves, then stops): at once
         if os.environ.get("RANK", "0") == "0":
-            print(f"train.py: stopped (Ctrl-C); {runs.what_was_kept(settings, SETTINGS)}",
+            print(f"train.py: stopped (Ctrl-C); {what_was_kept(settings)}",
                   file=sys.stderr)
         return 130
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint (SettingsError included)

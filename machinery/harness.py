@@ -1,8 +1,8 @@
 """The lm-evaluation-harness adapter: a Leviathan model as lm_eval's LM, scored as eval.py --task.
 
-harness.py registers it as the model "leviathan" (register) and hands its flags to lm_eval's own
-command line (run_cli). Each kind of request, and the plain path it is tested equal to
-(tests/test_harness.py; docs/harness.md):
+harness.py registers a subclass of it as the model "leviathan" (one that loads run=DIR) and hands
+its flags to lm_eval's own command line (run_cli). Each kind of request, and the plain path it is
+tested equal to (tests/test_harness.py; docs/harness.md):
 
   - loglikelihood(context, continuation): machinery/tasks.py's encode_pair (the harness's token
     boundary) and loglikelihoods (the last block_size + 1 tokens, the context cut from the left,
@@ -15,8 +15,8 @@ command line (run_cli). Each kind of request, and the plain path it is tested eq
     sample.py's tokens.
 
 lm_eval is optional: without it, importing this module raises ModuleNotFoundError (harness.py says
-how to install it). The model's classes are passed in, register(GPT, Config): this package never
-imports leviathan.py.
+how to install it). This package never imports leviathan.py: a model comes built (model=), or
+harness.py's subclass builds a run's.
 """
 
 import glob
@@ -29,12 +29,11 @@ import sys
 import torch
 import yaml
 from lm_eval.api.model import LM
-from lm_eval.api.registry import model_registry, register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from machinery import checkpoints, cli, dataset, devices, tasks
+from machinery import cli, dataset, devices, tasks
 from machinery.fast_lev import FastEmbedder
 from machinery.fast_paths import install_fast_paths
 
@@ -109,13 +108,11 @@ def cut_at_stops(text, stops):
 class LeviathanLM(LM):
     """A Leviathan model as an lm_eval LM.
 
-    From the command line (harness.py): the class register() returns, LeviathanLM(run=DIR, ...),
-    which loads the run's checkpoint and tokenizer as sample.py does. From Python:
+    From the command line: harness.py's subclass, Leviathan(run=DIR, ...), which loads the run's
+    checkpoint and tokenizer as sample.py does. From Python:
     LeviathanLM(model=model, tokenizer=tokenizer, ...) with a model already built. model_args:
     run, dtype (DTYPES; pick_dtype), plain (true: no fast path, as eval.py --plain); batch_size and
     device come from the harness's own flags."""
-
-    model_classes = None  # (GPT, Config), set on the subclass register() makes
 
     def __init__(self, run=None, batch_size=1, device=None, dtype="auto", plain=False, model=None,
                  tokenizer=None, max_batch_size=None, **unknown):
@@ -129,6 +126,9 @@ class LeviathanLM(LM):
         self.plain = as_bool(plain, "plain")
         self.run = None if run is None else str(run)
         if model is None:
+            if self.run is None:
+                raise AdapterError("--model_args needs run=DIR: a run directory holding ckpt.pt "
+                                   "(train.py's --out_dir) or a checkpoint file")
             model, tokenizer = self.load(self.run, device)
         self.model = model.to(device).eval()
         if torch.device(device).type == "cpu":  # sample.py's rule: one thread for a small model
@@ -140,18 +140,9 @@ class LeviathanLM(LM):
         self.unencodable = 0  # requests scored -inf: characters a char vocabulary lacks
 
     def load(self, run, device):
-        """The run's model and tokenizer (checkpoints.load_model_and_tokenizer)."""
-        if run is None:
-            raise AdapterError("--model_args needs run=DIR: a run directory holding ckpt.pt "
-                               "(train.py's --out_dir) or a checkpoint file")
-        if self.model_classes is None:
-            raise AdapterError("LeviathanLM(run=...) needs the model's classes: use the class "
-                               "that machinery.harness.register(GPT, Config) returns")
-        GPT, Config = self.model_classes
-        try:
-            return checkpoints.load_model_and_tokenizer(run, GPT, Config, device)
-        except (OSError, ValueError) as e:
-            raise AdapterError(str(e)) from None
+        """The run's model and tokenizer: harness.py's subclass builds them with leviathan.py."""
+        raise AdapterError("LeviathanLM(run=...) is harness.py's Leviathan; from Python, pass "
+                           "model= and tokenizer=")
 
     def get_model_info(self):
         """What the harness's results file records about the model."""
@@ -308,17 +299,6 @@ class LeviathanLM(LM):
                 self.cache_hook.add_partial("generate_until", req.args, text)
                 results.append(text)
         return results
-
-
-def register(GPT, Config, name="leviathan"):
-    """Register the adapter as lm_eval's model `name`, building its models with GPT and Config
-    (leviathan.py's) -> the registered class. Registering the same classes again changes nothing."""
-    registered = model_registry.get(name, None)
-    if getattr(registered, "model_classes", None) == (GPT, Config):
-        return registered
-    cls = type("Leviathan", (LeviathanLM,), {"model_classes": (GPT, Config),
-                                             "__doc__": LeviathanLM.__doc__})
-    return register_model(name)(cls)
 
 
 def flag_values(argv, flag):

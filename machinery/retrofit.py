@@ -4,8 +4,8 @@ train.py --init_from=RUN --embedding=lev, with RUN a tied or untied run, builds 
 architecture, gives it RUN's backbone and head (transplant), fits its LEV to RUN's input table
 (retrofit: fit, then report), and then fine-tunes the whole model as any run. The fit needs LEV
 alone, no backbone, and goes through LEV's forward: the run's fast path when one is installed
-(machinery/runtime.py), as in training. Nothing here imports the model file: the LEV module and the
-table are passed in.
+(machinery/fast_paths.py), as in training. Nothing here imports the model file: the LEV module
+and the table are passed in.
 """
 
 import math
@@ -16,24 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from machinery.dataset import BUCKET_LOWER, BUCKETS, train_counts
-from machinery.settings import above, all_of, at_least, below
-
-WHEN = "retrofit (--init_from=RUN of a tied or untied run, with --embedding=lev)"
-SETTINGS = {
-    "fit_steps": (4000, f"{WHEN}: Adam steps fitting LEV alone to the source's input table, "
-                        f"before the whole model fine-tunes", at_least(0)),
-    "fit_lr": (1e-3, "retrofit: the fit's peak learning rate (linear warmup over its first 5% of "
-                     "steps, then cosine decay to a tenth)", above(0)),
-    "fit_batch": (4096, "retrofit: ids per fit step, drawn (with replacement) by fit_weights",
-                  all_of(at_least(1), below(2 ** 31, "2^31 (the default is 4096)"))),
-    "fit_loss": ("cosine_norm", "retrofit: what LEV(i) minimises against table row i: cosine_norm "
-                                "(1 - cosine, plus the squared relative error of the norm) or mse "
-                                "(squared error, relative to the rows' mean squared norm)"),
-    "fit_weights": ("counts", "retrofit: how ids count in the fit: counts (their training-split "
-                              "counts), seen (uniform over ids seen in the training split), "
-                              "uniform (all ids)"),
-}
-CHOICES = {"fit_loss": ("cosine_norm", "mse"), "fit_weights": ("counts", "seen", "uniform")}
 
 
 def transplant(model, source_state):
@@ -176,25 +158,26 @@ def format_buckets(rows):
     return lines
 
 
-def retrofit(lev, table, train_tokens, s, log=print):
-    """train.py's part: fit LEV to the source's table with the run's settings (s), print the fit's
-    figures and bucket table, and return them with the settings (the record kept in ckpt.pt's
+def retrofit(lev, table, train_tokens, fit_steps, fit_lr, fit_batch, fit_loss, fit_weights,
+             log_interval, seed, log=print):
+    """train.py's part: fit LEV to the source's table with the run's fit_* settings, print the
+    fit's figures and bucket table, and return them with the settings (the record kept in ckpt.pt's
     origin and in log.jsonl's step-0 record)."""
+    settings = {"fit_steps": fit_steps, "fit_lr": fit_lr, "fit_batch": fit_batch,
+                "fit_loss": fit_loss, "fit_weights": fit_weights}
     counts = train_counts(train_tokens, table.shape[0])
-    weights = id_weights(s["fit_weights"], counts)
-    settings = {key: s[key] for key in SETTINGS}
+    weights = id_weights(fit_weights, counts)
     log(f"retrofit: fitting LEV to the source's input table ({table.shape[0]:,} x "
         f"{table.shape[1]}), {', '.join(f'{k} {v}' for k, v in settings.items())}")
     t_start = time.time()
     try:
-        fit(lev, table, weights, s["fit_loss"], s["fit_steps"], s["fit_lr"], s["fit_batch"],
-            s["log_interval"], log, s["seed"])
+        fit(lev, table, weights, fit_loss, fit_steps, fit_lr, fit_batch, log_interval, log, seed)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not isinstance(e, MemoryError) and "memory" not in str(e):
             raise
-        raise ValueError(f"the retrofit's fit ran out of memory with fit_batch={s['fit_batch']} "
-                         f"ids per step; lower --fit_batch (the default is 4096)") from None
-    overall, buckets = report(lev, table, weights, counts, s["fit_loss"])
+        raise ValueError(f"the retrofit's fit ran out of memory with fit_batch={fit_batch} ids "
+                         f"per step; lower --fit_batch (the default is 4096)") from None
+    overall, buckets = report(lev, table, weights, counts, fit_loss)
     seconds = round(time.time() - t_start, 3)
     log(f"retrofit: LEV against the table, weighted by fit_weights: loss {overall['loss']:.4f}, "
         f"rel error {overall['rel_error']:.4f}, cosine {overall['cosine']:.4f} ({seconds:.1f} s); "

@@ -155,7 +155,7 @@ def test_a_run_stopped_before_its_first_save_is_started_again(tmp_path, char_dat
     (out / "log.jsonl").write_text('{"step": 0, "tokens": 0, "val_loss": 9.0}\n')
     data = train.runs.Data
 
-    def interrupted(s):
+    def interrupted(*args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(train.runs, "Data", interrupted)

@@ -316,9 +316,9 @@ def sampled(run, prompt, capsys, *flags):
 def test_generate_until_gives_sample_py_tokens(lm_eval, char_run, capsys):
     from lm_eval.api.instance import Instance
 
-    from machinery.harness import register
+    from harness import Leviathan
 
-    lm = register(GPT, Config)(run=str(char_run), device="cpu")
+    lm = Leviathan(run=str(char_run), device="cpu")
 
     def generate(prompt, **gen_kwargs):
         [text] = lm.generate_until([Instance("generate_until", {}, (prompt, gen_kwargs), 0)])
@@ -348,14 +348,14 @@ def test_an_edited_block_generates_as_written(lm_eval, char_run, capsys, monkeyp
     from lm_eval.api.instance import Instance
 
     import leviathan
-    from machinery.harness import register
+    from harness import Leviathan
 
     def gelu_mlp(self, x):
         return self.dropout(self.down(torch.nn.functional.gelu(self.gate(x)) * self.up(x)))
 
     monkeypatch.setattr(leviathan.SwiGLU, "forward", gelu_mlp)
     request = Instance("generate_until", {}, ("To be", {"until": [], "max_gen_toks": 20}), 0)
-    texts = [register(GPT, Config)(run=str(char_run), device="cpu", plain=plain)
+    texts = [Leviathan(run=str(char_run), device="cpu", plain=plain)
              .generate_until([request])[0] for plain in (False, True)]
     assert texts[0] == texts[1] and len(texts[0]) == 20
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
@@ -393,9 +393,8 @@ def test_the_command_line_scores_as_eval_py_task(lm_eval, world, char_run, tmp_p
 def test_a_run_that_cannot_be_loaded_is_one_line(lm_eval, world, tmp_path):
     """The registered model, by name: a missing or bad run is refused in one line, which
     harness.py prints as its error (exit code 2)."""
-    from machinery.harness import AdapterError, register
-
-    register(GPT, Config)
+    import harness  # noqa: F401  (registers the model "leviathan")
+    from machinery.harness import AdapterError
     _, _, configs, _, _ = world
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "ckpt.pt").write_text("not a checkpoint")

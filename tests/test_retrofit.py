@@ -13,6 +13,7 @@ from test_train import read_log
 import eval as ev
 import leviathan
 import sample
+import train
 from machinery import checkpoints, dataset, retrofit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -45,8 +46,8 @@ def source(tmp_path, char_data, capsys, request):
 # The fit, on LEV alone
 
 
-@pytest.mark.parametrize("loss", retrofit.CHOICES["fit_loss"])
-@pytest.mark.parametrize("kind", retrofit.CHOICES["fit_weights"])
+@pytest.mark.parametrize("loss", train.CHOICES["fit_loss"])
+@pytest.mark.parametrize("kind", train.CHOICES["fit_weights"])
 def test_the_fit_lowers_its_own_loss(loss, kind):
     lev = tiny_lev(kernels="torch")
     table = tiny_lev(seed=5, kernels=None).table() * 10  # a table that a LEV can represent

@@ -418,12 +418,12 @@ def test_a_stop_before_the_loop_says_what_out_dir_holds(tmp_path):
     """What Ctrl-C outside the loop reports: out_dir's {name}s filled in as the run would."""
     s, _ = settings.parse_args([f"--out_dir={tmp_path}/out-{{embedding}}"], train.SETTINGS,
                                train.CHOICES, "train.py")
-    assert runs.what_was_kept(s, train.SETTINGS) == "nothing was written"
+    assert train.what_was_kept(s) == "nothing was written"
     (tmp_path / "out-lev").mkdir()
-    assert "no checkpoint was saved yet" in runs.what_was_kept(s, train.SETTINGS)
+    assert "no checkpoint was saved yet" in train.what_was_kept(s)
     (tmp_path / "out-lev" / "ckpt.pt").write_bytes(b"")
-    assert "--init_from=resume" in runs.what_was_kept(s, train.SETTINGS)
-    assert runs.what_was_kept(None, train.SETTINGS) == "nothing was written"
+    assert "--init_from=resume" in train.what_was_kept(s)
+    assert train.what_was_kept(None) == "nothing was written"
 
 
 def test_settings_files_then_flags_and_the_shipped_configs():
@@ -438,11 +438,11 @@ def test_settings_files_then_flags_and_the_shipped_configs():
             == ("tied", True, 3e-4, 0))
     # from Config
     assert cpu["lev_seed_dim"] == leviathan.Config.lev_seed_dim and "lev_seed_dim" not in explicit
-    runs.check_settings(cpu, train.SETTINGS, train.MODEL, Config)
+    train.check_settings(cpu)
     gpu, _ = parse_args([os.path.join(ROOT, "config", "shakespeare_gpu.py")])
     assert (gpu["n_layer"], gpu["n_head"], gpu["n_embd"], gpu["block_size"]) == (6, 6, 384, 256)
     assert (gpu["dtype"], gpu["compile"], gpu["device"]) == ("bfloat16", True, "cuda")
-    runs.check_settings(gpu, train.SETTINGS, train.MODEL, Config)
+    train.check_settings(gpu)
 
 
 def test_learning_rate_schedule():
