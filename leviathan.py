@@ -463,14 +463,16 @@ class GPT(nn.Module):
         backbone = total - emb - head
         return {"input_embedding": emb, "backbone": backbone, "head": head, "total": total}
 
-    def forward(self, idx, targets=None, reduction="mean", kv_cache=None):
+    def forward(self, idx, targets=None, reduction="mean", kv_cache=None, z_loss=0.0):
         """idx: (B, T) token ids -> (logits, loss).
 
         With targets (B, T): logits of every position (B, T, V) and the cross-entropy (targets == -1
         ignored): its mean over the scored targets, or with reduction="none" the loss of each
-        position, (B, T), 0 where ignored. With a fast loss installed, the same loss comes without
-        the logits (None). Without targets: the logits of the last position only, (B, 1, V), and
-        loss None. kv_cache: a KVCache that the tokens join (generation)."""
+        position, (B, T), 0 where ignored. z_loss > 0 adds z_loss * (log Z)^2 per scored token,
+        log Z the log-sum-exp of its logits (PaLM's z-loss: it keeps the softmax's normaliser near
+        1). With a fast loss installed, the same loss comes without the logits (in their place an
+        object that says so when used). Without targets: the logits of the last position only,
+        (B, 1, V), and loss None. kv_cache: a KVCache that the tokens join (generation)."""
         B, T = idx.shape
         x = self.backbone(self.embed(idx), kv_cache)  # (B, T, n_embd)
         if targets is None:
@@ -478,11 +480,18 @@ class GPT(nn.Module):
         if reduction not in ("mean", "none"):
             raise ValueError(f"reduction={reduction!r}; choose mean or none")
         if self.fast_loss is not None:  # a run's fast path: the same loss, never all logits at once
-            return None, self.fast_loss(x, self.lm_head.weight, targets, reduction=reduction)
+            return self.fast_loss(x, self.lm_head.weight, targets, reduction, z_loss)
         logits = self.lm_head(x)
         wide = logits.view(-1, logits.size(-1))
         wide = wide.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
-        loss = F.cross_entropy(wide, targets.reshape(-1), ignore_index=-1, reduction=reduction)
+        targets = targets.reshape(-1)  # (B*T,)
+        if z_loss == 0:
+            loss = F.cross_entropy(wide, targets, ignore_index=-1, reduction=reduction)
+        else:
+            scored = targets != -1
+            per_token = F.cross_entropy(wide, targets, ignore_index=-1, reduction="none")
+            per_token = per_token + z_loss * torch.where(scored, wide.logsumexp(-1).pow(2), 0.0)
+            loss = per_token if reduction == "none" else per_token.sum() / scored.sum()
         return logits, loss.view(B, T) if reduction == "none" else loss
 
     def embed(self, idx):

@@ -122,6 +122,8 @@ SETTINGS = {
     "beta1": (0.9, "AdamW beta1", within(0, 1)),
     "beta2": (0.95, "AdamW beta2", within(0, 1)),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping", at_least(0)),
+    "z_loss": (0.0, "weight of the z-loss, z_loss * (log Z)^2 per token (log Z: the log-sum-exp "
+               "of its logits), added to training's loss, not to the val loss", at_least(0)),
     # evaluation and logging
     "eval_interval": (250, "evaluate, log to log.jsonl and write ckpt.pt every this many steps",
                       at_least(1)),
@@ -497,7 +499,7 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
             if procs.ddp:  # average gradients across processes only after the last micro-step
                 train_model.require_backward_grad_sync = micro == procs.local_accum - 1
             with procs.autocast:
-                _, loss = train_model(x, y)
+                _, loss = train_model(x, y, z_loss=s["z_loss"])
             loss_sum += loss.detach()
             scaler.scale(loss / procs.local_accum).backward()
         scaler.unscale_(optimizer)

@@ -35,7 +35,7 @@ import sys
 
 import torch
 
-from machinery.lean_head import linear_cross_entropy
+from machinery.lean_head import lean_loss
 
 # largest relative difference (max |fast - plain| / max |plain|, per tensor) that counts as float
 # noise, by the probe's dtype; docs/model.md has the measured noise (fp32: ~1e-6) and edits' sizes
@@ -43,6 +43,7 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
 LEV_PROBE_IDS = 9  # evenly spaced over [0, V): the first and the last id among them
 LOSS_PROBE = (2, 32)  # batch and (at most) sequence length of the loss's probe
 TRAINED_LOGITS = 32  # about the largest logit of a trained model; see weight_factors
+Z_LOSS_PROBE = 0.01  # the loss probe's z-loss weight: large enough that an edit of it shows
 
 PARTS = {  # hook -> (the fast path, the model's own code it replaces, what then runs as written)
     "lev": ("LEV's fast path (machinery/fast_lev.py)", "leviathan.py's LEV", "LEV"),
@@ -57,12 +58,12 @@ def say_on_stderr(line):
 
 def install_fast_paths(model, lev=None, lean_head=False, check=True, say=say_on_stderr):
     """Set the model's fast paths (each call sets both): lev, a FastEmbedder (fast_lev.py) or None
-    for LEV's recipe as written (lev arm only); lean_head, the loss from linear_cross_entropy.
+    for LEV's recipe as written (lev arm only); lean_head, the loss from lean_head.py.
     check: check each against the model's own code (check_fast_paths), on the model's device:
     install on the model where it will run, after its weights are loaded."""
     if model.config.embedding == "lev":
         model.tok_emb.fast_embed = lev
-    model.fast_loss = linear_cross_entropy if lean_head else None
+    model.fast_loss = lean_loss if lean_head else None
     if check:
         check_fast_paths(model, say)
     return model
@@ -237,8 +238,8 @@ def embeddings_and_gradients(lev, ids, with_gradients):
 
 
 def loss_outputs(model):
-    """The loss of one short batch, mean and per token, and the mean with scaled_weights (and, in
-    training mode, the gradients of every trainable parameter)."""
+    """The loss of one short batch, mean and per token, the mean with scaled_weights (and, in
+    training mode, the gradients of every trainable parameter), and the mean with a z-loss."""
     c = model.config
     device = next(model.parameters()).device
     B, T = LOSS_PROBE[0], min(LOSS_PROBE[1], c.block_size)
@@ -251,13 +252,13 @@ def loss_outputs(model):
     for factor in weight_factors(model, idx):
         with scaled_weights(model, factor):
             outputs += loss_and_gradients(model, idx, targets)
-    return outputs
+    return outputs + loss_and_gradients(model, idx, targets, z_loss=Z_LOSS_PROBE)
 
 
-def loss_and_gradients(model, idx, targets):
+def loss_and_gradients(model, idx, targets, z_loss=0.0):
     params = [p for p in model.parameters() if p.requires_grad] if model.training else []
     with torch.set_grad_enabled(bool(params)):
-        loss = model(idx, targets)[1]
+        loss = model(idx, targets, z_loss=z_loss)[1]
         grads = torch.autograd.grad(loss, params, allow_unused=True) if params else []
     return [loss.detach(), tuple(g for g in grads if g is not None)]
 

@@ -77,7 +77,7 @@ class Buffers:
         return z if self.low is None else self.low[:len(z)].copy_(z)
 
 
-def chunk_forward(buf, x_c, safe_c, valid_c):
+def chunk_forward(buf, x_c, safe_c, valid_c, z_loss):
     """One chunk's forward: x_c (n, D) -> lse (n,), loss (n,) (0 where not valid_c), and the softmax
     denominator (n, 1), leaving exp(z - max) in buf.z[:n]."""
     z = buf.logits(x_c)  # (n, V)
@@ -85,13 +85,16 @@ def chunk_forward(buf, x_c, safe_c, valid_c):
     m = z.amax(dim=1, keepdim=True)  # (n, 1) subtracted before exp, so that exp cannot overflow
     denominator = z.sub_(m).exp_().sum(dim=1, keepdim=True)  # (n, 1)
     lse = (m + denominator.log()).squeeze(1)  # (n,)
-    return lse, torch.where(valid_c, lse - target_logit, 0.0), denominator
+    loss = lse - target_logit if z_loss == 0 else lse - target_logit + z_loss * lse.square()
+    return lse, torch.where(valid_c, loss, 0.0), denominator
 
 
-def chunk_backward(buf, probs, x_c, safe_c, scale_c, grad_x_c, grad_w):
+def chunk_backward(buf, probs, x_c, safe_c, scale_c, grad_x_c, grad_w, lse_c, z_loss):
     """One chunk's gradients from its softmax probs (n, V), overwritten:
-    g = scale_c * (probs - onehot(target)), grad_x_c[:] = g W and grad_w += g^T x_c, each unless it
-    is None. scale_c: (n, 1), 0 at ignored tokens."""
+    g = scale_c * ((1 + 2 z_loss lse_c) probs - onehot(target)), grad_x_c[:] = g W and
+    grad_w += g^T x_c, each unless it is None. scale_c: (n, 1), 0 at ignored tokens."""
+    if z_loss != 0:  # d(z_loss lse^2)/dz = 2 z_loss lse softmax
+        probs.mul_(1 + 2 * z_loss * lse_c[:, None])
     probs.scatter_add_(1, safe_c[:, None], -torch.ones_like(scale_c))  # - onehot(target)
     g = buf.low_precision(probs.mul_(scale_c))  # (n, V) dL/dlogits, in the matmul's dtype
     if grad_x_c is not None:
@@ -116,17 +119,17 @@ class LinearCrossEntropy(torch.autograd.Function):
 
         z_i    = W x_i                          (V,)  logits, never all N rows at once
         lse_i  = log sum_v exp(z_iv)            the log-sum-exp, the only (N,) thing forward keeps
-        loss_i = lse_i - z_{i,t_i}
-        dloss_i/dz_i = softmax(z_i) - onehot(t_i) = exp(z_i - lse_i) - onehot(t_i)
+        loss_i = lse_i - z_{i,t_i} + c lse_i^2      (c: the z-loss's weight, 0 by default)
+        dloss_i/dz_i = (1 + 2 c lse_i) softmax(z_i) - onehot(t_i),  softmax(z_i) = exp(z_i - lse_i)
 
-    so with g_i = grad_i * (exp(z_i - lse_i) - onehot(t_i)) (grad_i: the incoming gradient of
+    so with g_i = grad_i * dloss_i/dz_i (grad_i: the incoming gradient of
     loss_i): dL/dx_i = g_i W and dL/dW = sum_i g_i^T x_i. Forward saves x, W (both alive anyway),
     the targets and lse; backward recomputes z chunk by chunk. The exp, the log and g are in fp32
     (fp64 for fp64 inputs) even when the matmuls run in bf16 under autocast.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk, ignore_index, dtype):
+    def forward(ctx, x, weight, targets, chunk, ignore_index, dtype, z_loss):
         valid = targets != ignore_index  # (N,)
         safe = torch.where(valid, targets, 0)  # (N,) any real id where ignored: gather needs one
         acc_dtype = torch.promote_types(dtype, torch.float32)
@@ -136,9 +139,9 @@ class LinearCrossEntropy(torch.autograd.Function):
             buf = Buffers(min(chunk, len(x)), weight, dtype, acc_dtype)
             for c in range(0, len(x), chunk):
                 at = slice(c, c + chunk)
-                lse[at], loss[at], _ = chunk_forward(buf, x[at], safe[at], valid[at])
+                lse[at], loss[at], _ = chunk_forward(buf, x[at], safe[at], valid[at], z_loss)
         ctx.save_for_backward(x, weight, safe, valid, lse)
-        ctx.chunk, ctx.dtype = chunk, dtype
+        ctx.chunk, ctx.dtype, ctx.z_loss = chunk, dtype, z_loss
         return loss
 
     @staticmethod
@@ -157,8 +160,9 @@ class LinearCrossEntropy(torch.autograd.Function):
                 x_c = x[at].to(ctx.dtype)  # (n, D)
                 probs = buf.logits(x_c).sub_(lse[at, None]).exp_()  # (n, V) recomputed softmax
                 chunk_backward(buf, probs, x_c, safe[at], scale[at, None],
-                               None if grad_x is None else grad_x[at], grad_w)
-        return grad_x, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+                               None if grad_x is None else grad_x[at], grad_w, lse[at], ctx.z_loss)
+        return (grad_x, None if grad_w is None else grad_w.to(weight.dtype),
+                None, None, None, None, None)
 
 
 class LinearCrossEntropyEager(torch.autograd.Function):
@@ -171,7 +175,7 @@ class LinearCrossEntropyEager(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk, ignore_index, dtype):
+    def forward(ctx, x, weight, targets, chunk, ignore_index, dtype, z_loss):
         valid = targets != ignore_index  # (N,)
         safe = torch.where(valid, targets, 0)  # (N,)
         acc_dtype = torch.promote_types(dtype, torch.float32)
@@ -186,10 +190,10 @@ class LinearCrossEntropyEager(torch.autograd.Function):
             for c in range(0, len(x), chunk):
                 at = slice(c, c + chunk)
                 x_c = x[at].to(dtype)  # (n, D)
-                _, loss[at], denominator = chunk_forward(buf, x_c, safe[at], valid[at])
+                lse, loss[at], denominator = chunk_forward(buf, x_c, safe[at], valid[at], z_loss)
                 probs = buf.z[:len(x_c)].div_(denominator)  # (n, V) softmax, from exp(z - max)
                 chunk_backward(buf, probs, x_c, safe[at], scale[at],
-                               None if grad_x is None else grad_x[at], grad_w)
+                               None if grad_x is None else grad_x[at], grad_w, lse, z_loss)
         ctx.save_for_backward(grad_x, None if grad_w is None else grad_w.to(weight.dtype))
         # 0 / 0 = NaN when every target is ignored
         return loss.sum() / count
@@ -202,13 +206,14 @@ class LinearCrossEntropyEager(torch.autograd.Function):
         # as usual)
         return (None if grad_x is None else grad_x.mul_(grad_loss),
                 None if grad_w is None else grad_w.mul_(grad_loss),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 # under a model-wide torch.compile it runs as it is (a graph break), like LEV: its chunk loop and
 # reused buffers are the point, and they are not what inductor would make of it
 @torch.compiler.disable
-def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean"):
+def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean",
+                         z_loss=0.0):
     """Cross-entropy of the head's logits x @ weight^T against targets, without ever holding all the
     logits.
 
@@ -216,15 +221,17 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
     reach the Parameter through autograd as usual), targets: (...) ids, ignore_index where a token
     does not count. chunk_size: tokens per chunk (default: default_chunk_size(V), ~256 MiB of fp32
     logits). reduction: "mean" over counted tokens (NaN when none counts, as F.cross_entropy), or
-    "none": per-token losses shaped like targets, 0 at ignored tokens. The loss is fp32 (fp64 for
+    "none": per-token losses shaped like targets, 0 at ignored tokens. z_loss: the weight c of
+    PaLM's z-loss, c * lse^2 added to each counted token's loss (lse: its logits' log-sum-exp, which
+    the chunks compute anyway, so the term costs nothing more). The loss is fp32 (fp64 for
     fp64 inputs). Training's mean, with gradients wanted, computes them during forward as it goes
     (LinearCrossEntropyEager): three matmuls as the usual head, and forward keeps dL/dW (V x D).
     Otherwise forward keeps only the per-token log-sum-exp, and a backward recomputes the logits
     (LinearCrossEntropy): one more matmul.
 
-    Same value and gradients as F.cross_entropy(F.linear(x, weight).float(), targets,
-    ignore_index=ignore_index, reduction=reduction), autocast included, with memory
-    O(chunk_size x V) instead of O(N x V).
+    Same value and gradients as GPT.forward's plain head (F.cross_entropy(F.linear(x,
+    weight).float(), targets, ignore_index=ignore_index, reduction=reduction) with z_loss 0),
+    autocast included, with memory O(chunk_size x V) instead of O(N x V).
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction={reduction!r}: choose mean or none")
@@ -235,9 +242,37 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
     dtype = autocast_dtype(x, weight)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if reduction == "mean" and wants_grad:
-        return LinearCrossEntropyEager.apply(x2, weight, t1, chunk, ignore_index, dtype)
-    per_token = LinearCrossEntropy.apply(x2, weight, t1, chunk, ignore_index, dtype)  # (N,)
+        return LinearCrossEntropyEager.apply(x2, weight, t1, chunk, ignore_index, dtype, z_loss)
+    per_token = LinearCrossEntropy.apply(x2, weight, t1, chunk, ignore_index, dtype, z_loss)
     if reduction == "none":
         return per_token.view(targets.shape)
     # 0 / 0 = NaN when every target is ignored
     return per_token.sum() / (targets != ignore_index).sum()
+
+
+class NoLogits:
+    """What GPT.forward gives in place of the logits under the lean head, which never builds them
+    all: using it raises one line that says what to do (a bare None would raise a traceback about
+    NoneType, far from the cause)."""
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # Python's and torch's own lookups
+            raise AttributeError(name)
+        raise ValueError(MESSAGE)
+
+    def __getitem__(self, index):
+        raise ValueError(MESSAGE)
+
+    def __repr__(self):
+        return "NoLogits()"
+
+
+MESSAGE = ("the lean head computes the loss without building the logits (training's default); for "
+           "a z-loss pass z_loss= to the model (train.py's --z_loss), or train with "
+           "--lean_head=False to get them (slower, more memory)")
+NO_LOGITS = NoLogits()
+
+
+def lean_loss(x, weight, targets, reduction="mean", z_loss=0.0):
+    """GPT.fast_loss: (NO_LOGITS, linear_cross_entropy's loss)."""
+    return NO_LOGITS, linear_cross_entropy(x, weight, targets, reduction=reduction, z_loss=z_loss)

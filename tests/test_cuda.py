@@ -33,6 +33,7 @@ from leviathan import GPT, LEV, Config
 from machinery import fast_lev, lean_head
 from machinery.fast_lev import FastEmbedder
 from machinery.fast_paths import install_fast_paths
+from machinery.lean_head import NO_LOGITS
 
 DEVICE = "cuda"
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -169,7 +170,7 @@ def test_training_steps_as_train_py_runs_them(arm):
             with torch.autocast(DEVICE, dtype=torch.bfloat16):
                 logits, loss = fast_model(x, y)
             # the lean head: no logits, an fp32 loss
-            assert logits is None and loss.dtype == torch.float32
+            assert logits is NO_LOGITS and loss.dtype == torch.float32
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -196,7 +197,7 @@ def test_lean_head_equals_full_cross_entropy(arm, monkeypatch):
         install_fast_paths(model, lev=FastEmbedder(), lean_head=lean_head)
         model.zero_grad(set_to_none=True)
         logits, loss = model(x, y)
-        assert (logits is None) == lean_head
+        assert (logits is NO_LOGITS) == lean_head
         loss.backward()
         return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from leviathan import GPT, Config
 from machinery import lean_head
 from machinery.fast_paths import install_fast_paths
-from machinery.lean_head import default_chunk_size, linear_cross_entropy
+from machinery.lean_head import NO_LOGITS, default_chunk_size, linear_cross_entropy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -110,6 +110,20 @@ def test_gradients_computed_in_forward_are_not_used_twice():
         loss.backward()
 
 
+def test_using_the_logits_the_lean_head_does_not_build_is_one_line():
+    """A loss term written on the logits in train.py (as in nanoGPT) meets NO_LOGITS: one line
+    that says what to do, not a traceback about None."""
+    model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16,
+                       embedding="tied"))
+    install_fast_paths(model, lean_head=True)
+    idx = torch.randint(61, (2, 16))
+    logits, loss = model(idx, idx)
+    for use in (lambda: logits.logsumexp(-1), lambda: logits[:, -1], lambda: logits.float()):
+        with pytest.raises(ValueError, match="--z_loss") as refused:
+            use()
+        assert "\n" not in str(refused.value)
+
+
 def test_per_token_losses_keep_the_targets_shape():
     x, w, t, _ = make()
     # (B, T, D) input
@@ -173,8 +187,10 @@ def test_default_chunk_size_and_bad_arguments():
 
 @pytest.mark.parametrize("embedding", ["tied", "untied", "lev"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_gpt_forward_with_the_lean_head_equals_the_full_head(embedding, reduction):
-    """The model's loss and every parameter's gradient, lean head on against off (float64)."""
+@pytest.mark.parametrize("z_loss", [0.0, 0.1])
+def test_gpt_forward_with_the_lean_head_equals_the_full_head(embedding, reduction, z_loss):
+    """The model's loss and every parameter's gradient, lean head on against off (float64), with
+    and without a z-loss."""
     torch.manual_seed(0)
     model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16,
                        embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)).double()
@@ -184,8 +200,8 @@ def test_gpt_forward_with_the_lean_head_equals_the_full_head(embedding, reductio
     for lean in (False, True):
         install_fast_paths(model, lean_head=lean)
         model.zero_grad(set_to_none=True)
-        logits, loss = model(idx, targets, reduction=reduction)
-        assert (logits is None) == lean  # the lean head never makes all the logits
+        logits, loss = model(idx, targets, reduction=reduction, z_loss=z_loss)
+        assert (logits is NO_LOGITS) == lean  # the lean head never makes all the logits
         (loss.sum() if reduction == "none" else loss).backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     torch.testing.assert_close(results[1][0], results[0][0], **F64)
