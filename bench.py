@@ -198,11 +198,16 @@ def install(model, args, head="lean"):
     return install_fast_paths(model, lev=lev, lean_head=head == "lean")
 
 
-def build(arm, vocab_size, args, head="lean"):
+def new_model(arm, vocab_size, args):
     torch.manual_seed(args.seed)
     config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd, embedding=arm)
-    model = GPT(config).to(args.device)
+    return GPT(config).to(args.device)
+
+
+def build(arm, vocab_size, args, head="lean"):
+    """A model with train.py's fast paths, and its optimizer."""
+    model = new_model(arm, vocab_size, args)
     install(model, args, head)
     settings = {"weight_decay": 0.1, "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95}
     optimizer = make_optimizer(model, settings, args.device)
@@ -438,8 +443,7 @@ def gen_table(args, results):
         nano = nanogpt_model(args, vocab_size)
         variants.append(("nanoGPT", False, "eager", lambda k: nano.generate(prompt, k, top_k=1)))
     for arm in args.arms:
-        model, _ = build(arm, vocab_size, args)
-        model.eval()
+        model = new_model(arm, vocab_size, args).eval()
         install_fast_paths(model, lev=FastEmbedder(compile_kernels=False))  # as sample.py
         for kv in (True, False):
             variants.append((arm, kv, "eager", lambda k, m=model, kv=kv: m.generate(

@@ -79,6 +79,12 @@ def rng_states(data_generator, procs):
 
 def load_optimizer_state(ckpt, optimizer, scaler, path):
     """The checkpoint's optimizer (and GradScaler) state into this run's."""
+    groups = ckpt["optimizer"].get("param_groups")
+    if isinstance(groups, list) and len(groups) == 4 and len(optimizer.param_groups) == 2:
+        # LEV's own two groups beside the usual two: written with a retired setting
+        raise SettingsError(f"{path} has LEV's own optimizer groups (--lev_lr_scale or "
+                            f"--lev_wd_scale, retired); commit 66d9f67 resumes it, or fine-tune "
+                            f"from it with --init_from={path} (a fresh optimizer)")
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
         if "scaler" in ckpt:

@@ -133,6 +133,11 @@ def test_resuming_an_edited_or_foreign_checkpoint_is_refused(tmp_path, char_data
         (edited_checkpoint(trained, tmp_path / "bad_opt",
                            lambda c: c["optimizer"].update(param_groups=[])),
          "its optimizer state does not fit the model"),
+        (edited_checkpoint(trained, tmp_path / "lev_groups", lambda c: c["optimizer"].update(
+            param_groups=[dict(g, params=g["params"][i::2]) for g in c["optimizer"]["param_groups"]
+                          for i in (0, 1)])),
+         "has LEV's own optimizer groups (--lev_lr_scale or --lev_wd_scale, retired); commit "
+         "66d9f67 resumes it"),
         (edited_checkpoint(trained, tmp_path / "bad_weights",
                            lambda c: c["model"].pop("norm.weight")),
          "the weights do not fit its model settings"),
