@@ -187,3 +187,15 @@ def test_the_retrofit_recipe(tmp_path, text):
     assert [r["step"] for r in fitted] == [0] and fitted[0]["retrofit"]["fit_steps"] == 5
     assert [r["step"] for r in records(copy / "out-retrofit-tied-ft")][-1] == 2
     assert "out-retrofit-tied-ft" in stdout
+
+
+def test_the_model_page_parameter_recipe():
+    """docs/model.md's one recipe: the parameter report of every arm at the GPU recipe's shape."""
+    page = (Path(ROOT) / "docs" / "model.md").read_text(encoding="utf-8")
+    [recipe] = re.findall(r"```bash\n(.*?)```", page, re.S)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", recipe], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    arms = [line.split()[0] for line in done.stdout.splitlines()]
+    assert arms == ["lev", "tied", "untied", "digits", "factorized"]
+    assert all("'total':" in line for line in done.stdout.splitlines())

@@ -502,3 +502,30 @@ def test_the_adapter_takes_sample_py_threads_on_cpu(lm_eval, world):
         assert torch.get_num_threads() == 1  # a model under 50M parameters: one thread
     finally:
         torch.set_num_threads(previous)
+
+
+def test_the_first_recipe_of_harness_md(lm_eval, tmp_path):
+    """docs/harness.md's first recipe, as written, on a tiny char run in place of the CPU config's:
+    tasks/'s example configs on their example files, from the repository's root."""
+    page = (ROOT / "docs" / "harness.md").read_text(encoding="utf-8")
+    recipe = re.findall(r"```bash\n(.*?)```", page, re.S)[0]
+    first = recipe.split("\n# ")[0]  # its first command (and its comment)
+    assert "--include_path tasks" in first and "run=out-shakespeare-cpu-lev" in first
+    data = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "tasks" / "data").glob("*"))
+    chars = "".join(sorted(set(data + "Question: Answer:\n")))
+    torch.manual_seed(5)
+    model = GPT(Config(vocab_size=len(chars), block_size=512, n_layer=1, n_head=2, n_embd=32,
+                       embedding="lev", lev_seed_dim=16, lev_heads=2, lev_rank=8))
+    meta = {"dataset": "tiny", "tokenizer": "char", "vocab_size": len(chars), "chars": chars}
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"version": CHECKPOINT_VERSION, "model": model.state_dict(),
+                "model_config": asdict(model.config), "meta": meta, "step": 0, "tokens_seen": 0},
+               run / "ckpt.pt")
+    command = first.replace("run=out-shakespeare-cpu-lev", f"run={run}")
+    command = command.replace("python harness.py", f"{sys.executable} harness.py")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=ROOT, text=True,
+                          capture_output=True, env={**os.environ, "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    for task in ("local_hellaswag", "local_arc"):
+        assert re.search(rf"\|{task} *\| +1\|", done.stdout), done.stdout
