@@ -3,6 +3,7 @@ one_thread; and spoil_training_loss, a divergence injected at a known training s
 
 import os
 import random
+import shutil
 import sys
 
 import pytest
@@ -222,6 +223,19 @@ def bpe_data(tmp_path, text, tiny_encoding):
     corpus.prepare(text, tiny_encoding, str(tmp_path / "data" / "tiny_bpe"), "tiny_bpe",
                    "synthetic")
     return tmp_path / "data"
+
+
+def copy_project(folder, names):
+    """The project's files and folders names (scripts, machinery/, config/) copied into folder, a
+    new directory -> folder."""
+    folder.mkdir()
+    for name in names:
+        source = os.path.join(ROOT, name)
+        if os.path.isdir(source):
+            shutil.copytree(source, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, folder / name)
+    return folder
 
 
 def adamw(model, learning_rate=3e-3, weight_decay=0.1):

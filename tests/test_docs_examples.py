@@ -4,13 +4,12 @@ Run: python -m pytest -q tests/test_docs_examples.py"""
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, copy_project
 from test_train import TINY
 
 from machinery import corpus
@@ -35,13 +34,7 @@ def the_diff(name):
 
 def copy_of_project(folder, diff=None):
     """The project's scripts in folder, with diff applied as a reader would (git apply)."""
-    folder.mkdir()
-    for name in PROJECT:
-        source = Path(ROOT) / name
-        if source.is_dir():
-            shutil.copytree(source, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, folder / name)
+    copy_project(folder, PROJECT)
     if diff is not None:
         done = subprocess.run(["git", "apply", "-"], input=diff, cwd=folder, text=True,
                               capture_output=True)

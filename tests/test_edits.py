@@ -10,14 +10,13 @@ Run:  python -m pytest -q tests/test_edits.py
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, adamw, tiny_model
+from conftest import ROOT, adamw, copy_project, tiny_model
 
 from machinery import fast_paths
 from machinery.fast_lev import FastEmbedder
@@ -67,13 +66,7 @@ SCRIPTS = ["leviathan.py", "train.py", "sample.py", "eval.py", "bench.py", "mach
 def edited_copy(folder, *edits):
     """The project's scripts and machinery/ in folder, with each edit's (old, new) applied to its
     leviathan.py: old replaced by new."""
-    folder.mkdir()
-    for name in SCRIPTS:
-        source = Path(ROOT) / name
-        if source.is_dir():
-            shutil.copytree(source, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, folder / name)
+    copy_project(folder, SCRIPTS)
     model_file = folder / "leviathan.py"
     text = model_file.read_text(encoding="utf-8")
     for old, new in edits:
