@@ -93,9 +93,12 @@ def chunk_backward(buf, probs, x_c, safe_c, scale_c, grad_x_c, grad_w, lse_c, z_
     """One chunk's gradients from its softmax probs (n, V), overwritten:
     g = scale_c * ((1 + 2 z_loss lse_c) probs - onehot(target)), grad_x_c[:] = g W and
     grad_w += g^T x_c, each unless it is None. scale_c: (n, 1), 0 at ignored tokens."""
-    if z_loss != 0:  # d(z_loss lse^2)/dz = 2 z_loss lse softmax
-        probs.mul_(1 + 2 * z_loss * lse_c[:, None])
-    probs.scatter_add_(1, safe_c[:, None], -torch.ones_like(scale_c))  # - onehot(target)
+    if z_loss == 0:
+        probs.scatter_add_(1, safe_c[:, None], -torch.ones_like(scale_c))  # - onehot(target)
+    else:  # d(z_loss lse^2)/dz = 2 z_loss lse probs: g = scale_c f (probs - onehot / f), one pass
+        f = 1 + 2 * z_loss * lse_c[:, None]  # (n, 1)
+        probs.scatter_add_(1, safe_c[:, None], -1 / f)
+        scale_c = scale_c * f
     g = buf.low_precision(probs.mul_(scale_c))  # (n, V) dL/dlogits, in the matmul's dtype
     if grad_x_c is not None:
         grad_x_c[:] = g @ buf.w  # (n, D)
