@@ -15,8 +15,8 @@ parameters' dtype:
             once with its LayerNorm gains widened and one spline negated (coordinates at both ends
             of [0, 1], modes of either sign); in training mode the gradients too;
   the loss  one short batch (an ignored target among them), reduction "mean" and "none", once more
-            with scaled_weights, where attention and logits act as in a trained model; in training
-            mode every parameter's gradient too.
+            with scaled_weights, where attention and logits act as in a trained model, and once
+            with a z-loss; in training mode every parameter's gradient too.
 
 Where the largest relative difference passes TOLERANCE (float noise is far below it, see
 docs/model.md), that fast path is removed and one line says which, by how much, and that the model
