@@ -154,7 +154,7 @@ SETTINGS = {
 CHOICES = {"embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
            "dtype": ("auto", "float32", "bfloat16", "float16"),
            "fit_loss": ("cosine_norm", "mse"), "fit_weights": ("counts", "seen", "uniform")}
-FIT_SETTINGS = ("fit_steps", "fit_lr", "fit_batch", "fit_loss", "fit_weights")
+FIT_SETTINGS = [key for key in SETTINGS if key.startswith("fit_")]  # the retrofit's, in order
 
 
 def get_lr(step, s):
