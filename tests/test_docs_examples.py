@@ -1,5 +1,7 @@
 """Every worked diff and recipe of docs/training.md, applied to a copy of the project and run (a few
 steps of a tiny model), its effect asserted: a change of train.py that breaks one turns CI red.
+A diff that no longer applies is made again as a reader would: its change written into a fresh
+train.py, then `git diff` pasted into the page.
 Run: python -m pytest -q tests/test_docs_examples.py"""
 
 import json
