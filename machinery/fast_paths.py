@@ -14,9 +14,9 @@ parameters' dtype:
   LEV       a few ids, both ends of the vocabulary among them, once with the model's weights and
             once with its LayerNorm gains widened and one spline negated (coordinates at both ends
             of [0, 1], modes of either sign); in training mode the gradients too;
-  the loss  one short batch (an ignored target among them), reduction "mean" and "none", once more
-            with scaled_weights, where attention and logits act as in a trained model, and once
-            with a z-loss; in training mode every parameter's gradient too.
+  the loss  one short batch (an ignored target among them), reduction "none" without and with a
+            z-loss, and "mean", once more with scaled_weights, where attention and logits act as in
+            a trained model; in training mode every parameter's gradient of the mean too.
 
 Where the largest relative difference passes TOLERANCE (float noise is far below it, see
 docs/model.md), that fast path is removed and one line says which, by how much, and that the model
@@ -238,8 +238,8 @@ def embeddings_and_gradients(lev, ids, with_gradients):
 
 
 def loss_outputs(model):
-    """The loss of one short batch, mean and per token, the mean with scaled_weights (and, in
-    training mode, the gradients of every trainable parameter), and the mean with a z-loss."""
+    """The loss of one short batch: per token, without and with a z-loss, then the mean (and, in
+    training mode, the gradients of every trainable parameter), also with scaled_weights."""
     c = model.config
     device = next(model.parameters()).device
     B, T = LOSS_PROBE[0], min(LOSS_PROBE[1], c.block_size)
@@ -247,18 +247,18 @@ def loss_outputs(model):
     ids[0, :2] = torch.tensor([0, c.vocab_size - 1])  # both ends of the vocabulary
     idx, targets = ids[:, :-1].to(device), ids[:, 1:].clone().to(device)
     targets[-1, -1] = -1  # an ignored target
-    with torch.no_grad():
-        outputs = [model(idx, targets, reduction="none")[1]]
+    with torch.no_grad():  # per token, without and with a z-loss
+        outputs = [model(idx, targets, reduction="none", z_loss=z)[1] for z in (0.0, Z_LOSS_PROBE)]
     for factor in weight_factors(model, idx):
         with scaled_weights(model, factor):
             outputs += loss_and_gradients(model, idx, targets)
-    return outputs + loss_and_gradients(model, idx, targets, z_loss=Z_LOSS_PROBE)
+    return outputs
 
 
-def loss_and_gradients(model, idx, targets, z_loss=0.0):
+def loss_and_gradients(model, idx, targets):
     params = [p for p in model.parameters() if p.requires_grad] if model.training else []
     with torch.set_grad_enabled(bool(params)):
-        loss = model(idx, targets, z_loss=z_loss)[1]
+        loss = model(idx, targets)[1]
         grads = torch.autograd.grad(loss, params, allow_unused=True) if params else []
     return [loss.detach(), tuple(g for g in grads if g is not None)]
 
