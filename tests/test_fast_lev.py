@@ -34,6 +34,7 @@ from machinery.fast_lev import (  # noqa: E402
     FastEmbedder,
     SplineProduct,
     bspline_weights3,
+    pad_knots,
     spline_3knots,
     spline_3knots_indexing,
 )
@@ -170,6 +171,22 @@ def test_lev_table_equals_reference(kernels):
     assert not lev.table().requires_grad
 
 
+@KERNELS
+def test_fast_path_follows_a_change_of_S_between_calls(kernels):
+    """FastEmbedder keeps the padded S from call to call: an in-place change of S (an optimizer
+    step, a loaded state_dict) must reach the next call, with and without grad."""
+    lev = tiny_lev(chunk=7, kernels=kernels)
+    ids = torch.arange(V)
+    with torch.no_grad():
+        before = lev(ids)
+        lev.spline.mul_(1.1)
+        lev.spline[0, 0] += 0.5
+        torch.testing.assert_close(lev(ids), lev.reference(ids), rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(lev(ids), before)
+    lev.load_state_dict({**lev.state_dict(), "spline": 1 + 0.1 * torch.randn_like(lev.spline)})
+    torch.testing.assert_close(lev(ids), lev.reference(ids), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("kernels", ["c", None])
 def test_lev_output_stays_float32_under_autocast(kernels):
     lev = tiny_lev(dtype=torch.float32, kernels=kernels)
@@ -233,7 +250,7 @@ def test_grouped_log_product_matches_per_factor_log(case, log10_first, d, kernel
     t = 0.2 + 0.6 * torch.rand(U, h, d, generator=g)  # knots j-1, j, j+1 all within the 4
     if kernels == "c":
         skip_without_c_kernels()
-    M = SplineProduct.apply(t, S, 2, kernels, False)  # (U, h, r)
+    M = SplineProduct.apply(t, S, pad_knots(S), 2, kernels, False)  # (U, h, r)
     want_sign, want_log = signed_log_product(factors.double(), dim=1)  # (h, r)
     torch.testing.assert_close(M.double(), (want_sign * want_log.exp()).expand(U, h, r),
                                rtol=1e-4, atol=0)
@@ -304,8 +321,10 @@ def test_spline_product_gradcheck(normalize, kernels):
     S = (1 + 0.3 * torch.randn(2, 4, 6, 3, dtype=torch.float64, generator=g)).requires_grad_()
     if kernels == "c":
         skip_without_c_kernels()
-    assert torch.autograd.gradcheck(lambda t, S: SplineProduct.apply(t, S, 2, kernels, normalize),
-                                    (t, S))
+    def product(t, S):
+        return SplineProduct.apply(t, S, pad_knots(S), 2, kernels, normalize)
+
+    assert torch.autograd.gradcheck(product, (t, S))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,9 +362,10 @@ def test_c_kernels_modes_beyond_float32s_range_are_what_float32_makes_of_them(fa
     S = torch.full((h, d, n_knots, r), factor)
     # knots 1, 2, 3 of 0..3 all exist: the weights sum to 1, so phi = factor
     t = torch.full((2, h, d), 0.5)
-    M = SplineProduct.apply(t, S, 2, "c", True)
+    M = SplineProduct.apply(t, S, pad_knots(S), 2, "c", True)
     torch.testing.assert_close(M, torch.full_like(M, want), rtol=1e-6, atol=0)
-    torch.testing.assert_close(M, SplineProduct.apply(t, S, 2, "eager", True), rtol=1e-3, atol=0)
+    eager = SplineProduct.apply(t, S, pad_knots(S), 2, "eager", True)
+    torch.testing.assert_close(M, eager, rtol=1e-3, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
