@@ -9,6 +9,7 @@ good one by a broken one.
 import argparse
 import contextlib
 import glob
+import json
 import os
 import re
 import sys
@@ -26,6 +27,25 @@ def fail(prog, message):
     """Bad input: one actionable line on stderr and exit code 2."""
     print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
     sys.exit(2)
+
+
+def parse_json(data, where, fix):
+    """data (bytes or str) -> its JSON value. Every failure is one ValueError line, "{where}: what
+    was wrong; {fix}": bytes that are not UTF-8, bad JSON, and what json.loads raises beyond
+    ValueError for a value nested too deeply (RecursionError) or too large (MemoryError)."""
+    try:
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except UnicodeDecodeError as e:
+        what = f"not UTF-8 text (byte {e.start:,})"
+    except json.JSONDecodeError as e:
+        what = f"not valid JSON ({e.msg}, line {e.lineno}, column {e.colno})"
+    except RecursionError:
+        what = "nested too deeply to read (more levels than Python's recursion limit)"
+    except MemoryError:
+        what = f"too large to read as JSON ({len(data):,} bytes)"
+    except ValueError as e:  # an integer of more digits than Python converts
+        what = f"not valid JSON ({str(e).split(';')[0]})"  # without Python's advice
+    raise ValueError(f"{where}: {what}; {fix}")
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -4,13 +4,12 @@ prepare_files(spec, ...) prepares --input: machinery/corpus_readers.py lists and
 work items, tokenize_item tokenizes each (on --workers processes, the results kept in input order,
 so the .bin files are the same whatever their number), write_tokens sends each document to train or
 val, and DatasetWriter writes the files into a temporary folder that becomes DATA_DIR/NAME only when
-complete. prepare(text, ...) does the same for a text in memory (tests). The format is described in
+complete. The format is described in
 prepare_data.py's docstring; machinery/dataset.py reads it. numpy and tiktoken only: no torch.
 """
 
 import collections
 import contextlib
-import hashlib
 import json
 import multiprocessing
 import os
@@ -22,7 +21,7 @@ import time
 
 import numpy as np
 
-from machinery.cli import one_line, pid_alive
+from machinery.cli import one_line, parse_json, pid_alive
 from machinery.corpus_readers import (
     Corpus,
     decoded_blocks,
@@ -33,7 +32,6 @@ from machinery.corpus_readers import (
     scan_text,
     single_text_items,
     skipped_note,
-    string_blocks,
 )
 from machinery.dataset import UINT16_VOCAB, CharTokenizer, TiktokenTokenizer, load_encoding
 
@@ -131,24 +129,11 @@ def init_pool_worker(*worker_args):
 
 
 def parse_json_line(raw, where):
-    """One .jsonl line (bytes) -> (its value, None), or (None, one-line error starting with
-    `where`): any failure of the decoder or the parser, deep nesting and huge values included."""
+    """One .jsonl line (bytes) -> (its value, None), or (None, cli.parse_json's one-line error)."""
     try:
-        return json.loads(raw.decode("utf-8")), None
-    except UnicodeDecodeError as e:
-        return None, (f"{where}: not UTF-8 text (byte {e.start:,} of the line); convert the file "
-                      f"to UTF-8")
-    except json.JSONDecodeError as e:
-        return None, (f"{where}: not valid JSON ({e.msg}, column {e.colno}); fix or remove the "
-                      f"line")
-    except RecursionError:
-        return None, (f"{where}: nested too deeply to read (lists or objects inside one another, "
-                      f"more levels than Python's recursion limit); fix or remove the line")
-    except MemoryError:
-        return None, (f"{where}: too large to read ({len(raw):,} bytes do not fit in memory as "
-                      f"JSON); split or remove the line")
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        return None, (f"{where}: not valid JSON ({str(e).split(';')[0]}); fix or remove the line")
+        return parse_json(raw, where, "fix or remove the line"), None
+    except ValueError as e:
+        return None, str(e)
 
 
 def jsonl_documents(block, path, first_line, text_field):
@@ -386,19 +371,6 @@ def write_dataset(items, tok, out_dir, meta, eot_token=None, workers=1, text_fie
                     val_documents=documents["val"])
         writer.commit(full)
     return full
-
-
-def prepare(text, tokenizer, out_dir, dataset, source, workers=1):
-    """Tokenize `text` (one document), split it as nanoGPT does (the first 90% of its characters to
-    train, the rest to val) and write out_dir/{train.bin, val.bin, meta.json}; returns meta.
-    tokenizer: see make_tokenizer."""
-    tok = make_tokenizer(tokenizer, set(text) if tokenizer == "char" else ())
-    data = text.encode("utf-8")
-    inputs = [{"name": source, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
-    meta = {"dataset": dataset, "source": source, "split": split_description(False),
-            "inputs": inputs}
-    items = single_text_items(string_blocks(text), int(len(text) * TRAIN_FRACTION), source)
-    return write_dataset(items, tok, out_dir, meta, workers=workers)
 
 
 def prepare_files(spec, tokenizer, out_dir, dataset, source=None, text_field="text", workers=1,

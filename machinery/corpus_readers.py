@@ -281,11 +281,6 @@ def decoded_blocks(blocks, path):
         line, offset = line + data.count(b"\n"), offset + len(data)
 
 
-def string_blocks(text):
-    """A text in memory as str blocks of READ_BYTES characters (as decoded_blocks reads a file)."""
-    return (text[i:i + READ_BYTES] for i in range(0, len(text), READ_BYTES))
-
-
 # --------------------------------------------------------------------------------------------------
 # One document in pieces: cut where tokenizing each piece gives the tokens of the whole
 

@@ -5,12 +5,11 @@ train.py, sample.py, eval.py and bench.py read it with get_tokenizer, load_meta,
 eval_windows. numpy and tiktoken only: no torch.
 """
 
-import json
 import os
-import re
-import sys
 
 import numpy as np
+
+from machinery.cli import parse_json
 
 # The datasets prepare_data.py knows by name: where to download them, their sha256, and their
 # default tokenizer. Here, not in prepare_data.py, because prepare_command's messages name them too.
@@ -161,15 +160,7 @@ def load_meta(data_dir):
         raise FileNotFoundError(f"no prepared dataset in {data_dir} (no meta.json); prepare it "
                                 f"first: {prepare_command(name)}")
     with open(path, "rb") as f:
-        data = f.read()
-    try:
-        meta = json.loads(data.decode("utf-8"))
-    except json.JSONDecodeError as e:  # its message names the line and column
-        raise ValueError(f"{path} is not valid JSON ({e}); prepare the dataset again: "
-                         f"{prepare_command(name)}") from None
-    except (ValueError, RecursionError, MemoryError) as e:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"{path}{json_failure(data, e)}; prepare the dataset again: "
-                         f"{prepare_command(name)}") from None
+        meta = parse_json(f.read(), path, f"prepare the dataset again: {prepare_command(name)}")
     required = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens")
     missing = [key for key in required if key not in meta] if isinstance(meta, dict) else required
     if missing:
@@ -180,45 +171,6 @@ def load_meta(data_dir):
         raise ValueError(f"{path}: {problem}; it was edited or damaged. Prepare the dataset again: "
                          f"{prepare_command(name)}")
     return meta
-
-
-def json_failure(data, e):
-    """Where and what a failure of json.loads(data.decode("utf-8")) other than a JSONDecodeError
-    is, for an error line that begins with the file's name: ", line N: what"."""
-    def line_of(offset):
-        line = data.count(b"\n", 0, offset) + 1
-        return f", line {line:,}"
-
-    if isinstance(e, UnicodeDecodeError):
-        return f"{line_of(e.start)}: not UTF-8 text (byte {e.start:,})"
-    if isinstance(e, RecursionError):
-        return f"{line_of(deepest_offset(data))}: nested too deeply to read"
-    if isinstance(e, MemoryError):
-        return f": too large to read as JSON ({len(data):,} bytes)"
-    # else an integer of more digits than Python converts (sys.get_int_max_str_digits)
-    limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
-    digits = re.search(rb"\d{%d,}" % (limit + 1), data) if limit else None
-    where = line_of(digits.start()) if digits else ""
-    return f"{where}: not valid JSON ({str(e).split(';')[0]})"
-
-
-def deepest_offset(data):
-    """Where, in a JSON text (bytes), its lists and objects first nest deepest."""
-    depth = deepest = at = 0
-    in_string = False
-    for match in re.finditer(rb'\\.|["\[\]{}]', data, re.DOTALL):  # an escape, a quote, a bracket
-        token = match.group()
-        if token == b'"':
-            in_string = not in_string
-        elif in_string or len(token) == 2:
-            continue
-        elif token in (b"[", b"{"):
-            depth += 1
-            if depth > deepest:
-                deepest, at = depth, match.start()
-        else:
-            depth -= 1
-    return at
 
 
 def meta_problem(meta):

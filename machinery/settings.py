@@ -123,26 +123,12 @@ def parse_config_file(path):
     try:
         return ast.parse(source, path)
     except (MemoryError, RecursionError):
-        raise SettingsError(f"config file {path}, line {too_deep_line(source)} is nested too "
-                            f"deeply to read; only `key = value` lines are allowed") from None
+        raise SettingsError(f"config file {path} is nested too deeply to read; only `key = value` "
+                            f"lines are allowed") from None
     except (SyntaxError, ValueError) as e:
         what = str(getattr(e, "msg", e)).split(";")[0]  # not Python's advice to programmers
         raise SettingsError(f"config file {path}, line {getattr(e, 'lineno', '?')}: {what}; only "
                             f"`key = value` lines are allowed") from None
-
-
-def too_deep_line(source):
-    """The line of a source that the parser cannot read for its depth: the first one that fails so
-    on its own, else the longest."""
-    lines = source.splitlines() or [""]
-    for n, line in enumerate(lines, 1):
-        try:
-            ast.parse(line)
-        except (MemoryError, RecursionError):
-            return n
-        except (SyntaxError, ValueError):
-            pass
-    return max(range(len(lines)), key=lambda i: len(lines[i])) + 1
 
 
 def parse_args(argv, table, choices, program):

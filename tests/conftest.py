@@ -5,6 +5,7 @@ import os
 import random
 import shutil
 import sys
+import tempfile
 
 import pytest
 import tiktoken
@@ -208,11 +209,22 @@ def tiny_encoding():
     return make_tiny_encoding()
 
 
+def prepare_text(text, tokenizer, out_dir, dataset, source, workers=1):
+    """Prepare a text (one document, split by characters as nanoGPT's) into out_dir as
+    prepare_data.py --input=FILE does, from a file named source in a folder of its own -> meta."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, source)
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        return corpus.prepare_files(path, tokenizer, out_dir, dataset, source=source,
+                                    workers=workers)
+
+
 @pytest.fixture
 def char_data(tmp_path, text):
     """A prepared char-level dataset: returns the data folder (tmp_path/data); the dataset is
     "tiny_char"."""
-    corpus.prepare(text, "char", str(tmp_path / "data" / "tiny_char"), "tiny_char", "synthetic")
+    prepare_text(text, "char", str(tmp_path / "data" / "tiny_char"), "tiny_char", "synthetic")
     return tmp_path / "data"
 
 
@@ -220,7 +232,7 @@ def char_data(tmp_path, text):
 def bpe_data(tmp_path, text, tiny_encoding):
     """A prepared BPE dataset with the tiny encoding: returns the data folder; the dataset is
     "tiny_bpe"."""
-    corpus.prepare(text, tiny_encoding, str(tmp_path / "data" / "tiny_bpe"), "tiny_bpe",
+    prepare_text(text, tiny_encoding, str(tmp_path / "data" / "tiny_bpe"), "tiny_bpe",
                    "synthetic")
     return tmp_path / "data"
 

@@ -415,7 +415,7 @@ def test_log_and_config_files_no_parser_reads_are_one_line_with_their_line(tmp_p
     configs = {
         "lists.py": (f"n_layer = 2\nn_head = {deep}\n", "lists.py, line 2: too many nested"),
         "minus.py": ("n_layer = 2\nn_head = (\n" + "-" * 100_000 + "1)\n",
-                     "minus.py, line 3 is nested too deeply to read"),
+                     "minus.py is nested too deeply to read"),
         "unhashable.py": ("n_layer = {[]: 1}\n",
                           "unhashable.py line 1: the value of n_layer must be a literal"),
         "surrogate.py": ('dataset = "tiny\\ud800"\n',

@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, copy_project
+from conftest import ROOT, copy_project, prepare_text
 from test_train import TINY
-
-from machinery import corpus
 
 PAGE = Path(ROOT) / "docs" / "training.md"
 PROJECT = ["leviathan.py", "train.py", "sample.py", "eval.py", "prepare_data.py", "machinery",
@@ -100,7 +98,7 @@ def test_sgd_and_its_resume(tmp_path, char_data):
 
 
 def test_the_extra_evaluation(tmp_path, char_data, text):
-    corpus.prepare(text[::-1], "char", str(char_data / "reversed"), "reversed", "synthetic")
+    prepare_text(text[::-1], "char", str(char_data / "reversed"), "reversed", "synthetic")
     copy = copy_of_project(tmp_path / "copy", the_diff("extra_eval"))
     train(copy, char_data, tmp_path / "out", "--extra_dataset=reversed", "--max_iters=2",
           "--eval_interval=2")
@@ -172,7 +170,7 @@ def test_the_retrofit_recipe(tmp_path, text):
     [recipe] = [r for r in examples("bash") if "out-retrofit-tied-ft" in r]
     copy = copy_of_project(tmp_path / "copy")
     tiny_config(copy)
-    corpus.prepare(text, "char", str(copy / "data" / "shakespeare"), "shakespeare", "synthetic")
+    prepare_text(text, "char", str(copy / "data" / "shakespeare"), "shakespeare", "synthetic")
     train(copy, copy / "data", copy / "out-shakespeare-cpu-tied", "--dataset=shakespeare",
           "--embedding=tied", "--max_iters=2", "--eval_interval=2")
     stdout = run_recipe(recipe, copy, [

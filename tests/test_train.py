@@ -14,13 +14,13 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, fast_path_check_running, spoil_training_loss
+from conftest import ROOT, fast_path_check_running, prepare_text, spoil_training_loss
 
 import eval as ev
 import leviathan
 import train
 from leviathan import GPT, Config
-from machinery import checkpoints, corpus, dataset, grad_stats, runs, settings
+from machinery import checkpoints, dataset, grad_stats, runs, settings
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16",
         "--lev_heads=2", "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2",
@@ -475,7 +475,7 @@ def two_bpe_datasets(tmp_path, tiny_encoding):
     from conftest import make_text
 
     for name, seed in (("a", 0), ("b", 1)):
-        corpus.prepare(make_text(seed=seed), tiny_encoding, str(tmp_path / "data" / name), name,
+        prepare_text(make_text(seed=seed), tiny_encoding, str(tmp_path / "data" / name), name,
                        "synthetic")
     return tmp_path / "data"
 
@@ -586,7 +586,7 @@ def test_fine_tuning_onto_other_characters_of_the_same_count_says_they_differ(tm
     assert run_train(capsys, char_data, tmp_path / "src", "--max_iters=1")[0] == 0
     unused = next(c for c in "@#%&" if c not in text)
     swapped, dropped = text.replace("a", unused), "a"
-    corpus.prepare(swapped, "char", str(char_data / "other"), "other", "synthetic")
+    prepare_text(swapped, "char", str(char_data / "other"), "other", "synthetic")
     code, _, err = run_train(capsys, char_data, tmp_path / "ft", f"--init_from={tmp_path / 'src'}",
                              dataset="other")
     assert code == 2 and err.startswith("train.py: error: ") and err.count("\n") == 1, err
