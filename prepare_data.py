@@ -46,7 +46,9 @@ side named above (get_tokenizer, load_meta, load_split, and eval_windows) is mac
 import argparse
 import os
 import re
+import resource
 import sys
+import time
 import urllib.request
 
 from machinery.cli import ArgumentParser, fail, write_atomic
@@ -125,7 +127,7 @@ def check_args(args):
 
 
 def run(args):
-    """Prepare the dataset the arguments name -> (meta, out_dir, stats)."""
+    """Prepare the dataset the arguments name -> (meta, out_dir)."""
     known = KNOWN_DATASETS.get(args.name)
     tokenizer = args.tokenizer
     if tokenizer is None:
@@ -136,13 +138,19 @@ def run(args):
     if spec is None:  # a known dataset: download it once, next to its .bin files
         spec, source = os.path.join(out_dir, "input.txt"), known["url"]
         download(args.name, known["url"], spec, sha256)
-    stats = {}
     meta = prepare_files(spec, tokenizer, out_dir, args.name, source, args.text_field, args.workers,
-                         sha256, show_progress=True, stats=stats)
-    return meta, out_dir, stats
+                         sha256, show_progress=True)
+    return meta, out_dir
 
 
-def print_summary(meta, out_dir, stats):
+def peak_mib(who):
+    """Peak resident memory in MiB of this process (resource.RUSAGE_SELF) or of its largest ended
+    child (RUSAGE_CHILDREN: a tokenizing worker, 0 without one). ru_maxrss counts KiB on Linux,
+    bytes on macOS."""
+    return resource.getrusage(who).ru_maxrss // (2**20 if sys.platform == "darwin" else 1024)
+
+
+def print_summary(meta, out_dir, seconds):
     """What nanoGPT's prepare.py prints (the counts), and where the dataset went."""
     if meta["tokenizer"] == "char":
         print(f"all the unique characters: {meta['chars']!r}")
@@ -153,20 +161,18 @@ def print_summary(meta, out_dir, stats):
               f"followed by <|endoftext|> ({meta['eot_token']})")
     print(f"train has {meta['train_tokens']:,} tokens")
     print(f"val has {meta['val_tokens']:,} tokens")
-    memory, workers = "", ""
-    if stats.get("main_peak_mib"):
-        memory = f", peak memory {stats['main_peak_mib']} MiB"
-    if stats.get("worker_peak_mib"):
-        workers = f" (+ {stats['worker_peak_mib']} MiB per worker)"
-    print(f"wrote {out_dir}/train.bin, val.bin, meta.json in {stats['seconds']:.1f} s"
-          f"{memory}{workers}")
+    workers = peak_mib(resource.RUSAGE_CHILDREN)
+    workers = f" (+ {workers} MiB per worker)" if workers else ""
+    print(f"wrote {out_dir}/train.bin, val.bin, meta.json in {seconds:.1f} s, peak memory "
+          f"{peak_mib(resource.RUSAGE_SELF)} MiB{workers}")
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
         check_args(args)
-        meta, out_dir, stats = run(args)
+        start = time.perf_counter()
+        meta, out_dir = run(args)
     except (OSError, ValueError) as e:  # FileNotFoundError and ConnectionError are OSErrors
         fail("prepare_data.py", e)
     except MemoryError:  # e.g. a .jsonl line of many GB, read whole
@@ -176,7 +182,7 @@ def main(argv=None):
         print(f"interrupted: {os.path.join(args.data_dir, args.name or '')} is as it was",
               file=sys.stderr)
         sys.exit(130)
-    print_summary(meta, out_dir, stats)
+    print_summary(meta, out_dir, time.perf_counter() - start)
 
 
 if __name__ == "__main__":

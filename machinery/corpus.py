@@ -206,20 +206,10 @@ def tokenize_texts(item):
     return np.concatenate(arrays).astype(_worker["dtype"]), lengths, None
 
 
-def vmhwm_mib(pid="self"):
-    """A process's peak resident memory (VmHWM) in MiB, or None where /proc is not available."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
-
-
-def tokenized_in_order(items, worker_args, workers, stats):
+def tokenized_in_order(items, worker_args, workers):
     """(item, tokenize_item(item)) for each item, in input order, on `workers` processes. At most 2
     tasks per worker are in flight, so memory stays bounded (Pool.imap would read the whole input
-    ahead). The items kept for the results lose their payload. stats["worker_peak_mib"]: the
-    workers' largest VmHWM."""
+    ahead). The items kept for the results lose their payload."""
     if workers == 1:
         init_worker(*worker_args)
         for item in items:
@@ -237,8 +227,6 @@ def tokenized_in_order(items, worker_args, workers, stats):
         while pending:
             done, result = pending.popleft()
             yield done, result.get()
-        peaks = [vmhwm_mib(process.pid) for process in pool._pool]  # before the pool ends them
-        stats["worker_peak_mib"] = max((p for p in peaks if p is not None), default=None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -287,13 +275,12 @@ class Progress:
               f"ETA {eta}", file=sys.stderr, flush=True)
 
 
-def write_tokens(items, writer, worker_args, workers, progress=None, bytes_read=None, stats=None):
+def write_tokens(items, writer, worker_args, workers, progress=None, bytes_read=None):
     """Tokenize work items and append their tokens to the writer's splits -> documents per split. A
     piece with a split goes there; the other documents go by their index (is_val_document).
     bytes_read(): for progress."""
     documents, next_document = dict.fromkeys(SPLITS, 0), 0
-    stats = {} if stats is None else stats
-    for item, (tokens, lengths, error) in tokenized_in_order(items, worker_args, workers, stats):
+    for item, (tokens, lengths, error) in tokenized_in_order(items, worker_args, workers):
         if error:
             raise ValueError(error)
         n_ended = len(lengths) if item.kind != "text" else int(item.ends_document)
@@ -353,14 +340,14 @@ def check_split_sizes(writer, documents, source, eot_token):
 
 
 def write_dataset(items, tok, out_dir, meta, eot_token=None, workers=1, text_field="text",
-                  progress=None, bytes_read=None, stats=None):
+                  progress=None, bytes_read=None):
     """Tokenize the work items into out_dir, atomically (DatasetWriter) -> the complete meta: `meta`
     (dataset, source, split, inputs, ...) with the tokenizer's keys and the counts added. Refuses a
     split too short to use."""
     dtype = np.dtype(np.uint16 if tok.vocab_size <= UINT16_VOCAB else np.uint32)
     worker_args = (tok, eot_token, dtype, text_field)
     with DatasetWriter(out_dir, dtype) as writer:
-        documents = write_tokens(items, writer, worker_args, workers, progress, bytes_read, stats)
+        documents = write_tokens(items, writer, worker_args, workers, progress, bytes_read)
         check_split_sizes(writer, documents, meta["source"], eot_token)
         full = {"dataset": meta.pop("dataset"), "tokenizer": tok.name, "vocab_size": tok.vocab_size,
                 "dtype": dtype.name, "train_tokens": writer.tokens["train"],
@@ -374,12 +361,11 @@ def write_dataset(items, tok, out_dir, meta, eot_token=None, workers=1, text_fie
 
 
 def prepare_files(spec, tokenizer, out_dir, dataset, source=None, text_field="text", workers=1,
-                  sha256=None, show_progress=False, stats=None):
+                  sha256=None, show_progress=False):
     """Prepare the files of --input `spec` (a file, a directory or a glob: list_inputs, whose
     skipped paths are one note on stderr) into out_dir; returns meta. One text file is split by
-    characters (prepare); anything else is a corpus of documents. sha256: the one text file's
-    expected sha256 (a known dataset). stats: filled with the run's peak memory and time."""
-    start = time.perf_counter()
+    characters (prepare_one_text); anything else is a corpus of documents. sha256: the one text
+    file's expected sha256 (a known dataset)."""
     paths, skipped = list_inputs(spec)
     if skipped:
         print(f"prepare_data.py: note: {one_line(skipped_note(skipped))}", file=sys.stderr,
@@ -389,24 +375,18 @@ def prepare_files(spec, tokenizer, out_dir, dataset, source=None, text_field="te
         raise ValueError(f"--input={spec} must be a local copy of the dataset's one text file")
     meta = {"dataset": dataset, "source": spec if source is None else source,
             "split": split_description(not single_text)}
-    stats = {} if stats is None else stats
     if single_text:
-        meta = prepare_one_text(spec, tokenizer, out_dir, meta, workers, text_field, sha256,
-                                show_progress, stats)
-    else:
-        tok = make_tokenizer(tokenizer)
-        corpus = Corpus(paths, text_field)
-        # inputs: filled in as the files are read
-        meta.update(text_field=text_field, inputs=corpus.inputs)
-        progress = Progress("tokenizing", corpus.total_bytes, show_progress)
-        meta = write_dataset(corpus.items(), tok, out_dir, meta, eot_token_of(tok), workers,
-                             text_field, progress, lambda: corpus.bytes_read, stats)
-    stats.update(seconds=time.perf_counter() - start, main_peak_mib=vmhwm_mib())
-    return meta
+        return prepare_one_text(spec, tokenizer, out_dir, meta, workers, text_field, sha256,
+                                show_progress)
+    tok = make_tokenizer(tokenizer)
+    corpus = Corpus(paths, text_field)
+    meta.update(text_field=text_field, inputs=corpus.inputs)  # inputs: filled in as files are read
+    progress = Progress("tokenizing", corpus.total_bytes, show_progress)
+    return write_dataset(corpus.items(), tok, out_dir, meta, eot_token_of(tok), workers,
+                         text_field, progress, lambda: corpus.bytes_read)
 
 
-def prepare_one_text(path, tokenizer, out_dir, meta, workers, text_field, sha256, show_progress,
-                     stats):
+def prepare_one_text(path, tokenizer, out_dir, meta, workers, text_field, sha256, show_progress):
     """prepare_files for one text file, in two passes: the split point and a char vocabulary need
     the whole text."""
     n_chars, chars, record = scan_text(path, sha256, want_chars=tokenizer == "char")
@@ -420,4 +400,4 @@ def prepare_one_text(path, tokenizer, out_dir, meta, workers, text_field, sha256
         items = single_text_items(blocks, int(n_chars * TRAIN_FRACTION), path)
         progress = Progress("tokenizing", counter.total_bytes, show_progress)
         return write_dataset(items, tok, out_dir, meta | {"inputs": [record]}, None, workers,
-                             text_field, progress, lambda: counter.bytes_read, stats)
+                             text_field, progress, lambda: counter.bytes_read)
