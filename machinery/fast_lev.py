@@ -41,8 +41,10 @@ class FastEmbedder:
         return lev.mix_heads(M)
 
     def padded(self, S):
-        """pad_knots(S), kept while S is unchanged: decoding embeds one id per call, and copying S
-        (4 MB at the paper's sizes) took longer than embedding the id."""
+        """pad_knots(S), kept while S is unchanged: decoding embeds one id per call, and a fresh
+        copy of S (4.7 MB at the paper's sizes) costs more than embedding that id."""
+        if S.is_inference():  # made under torch.inference_mode: no version counter to follow
+            return pad_knots(S)
         key = (S.data_ptr(), S._version, S.dtype)  # an in-place change of S bumps its _version
         if key != self.padded_key:
             with torch.no_grad():

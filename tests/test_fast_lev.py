@@ -185,6 +185,11 @@ def test_fast_path_follows_a_change_of_S_between_calls(kernels):
     assert not torch.allclose(lev(ids), before)
     lev.load_state_dict({**lev.state_dict(), "spline": 1 + 0.1 * torch.randn_like(lev.spline)})
     torch.testing.assert_close(lev(ids), lev.reference(ids), rtol=1e-10, atol=1e-12)
+    with torch.inference_mode():  # parameters made here have no version counter to follow
+        lev = tiny_lev(chunk=7, kernels=kernels)
+        torch.testing.assert_close(lev(ids), lev.reference(ids), rtol=1e-10, atol=1e-12)
+        lev.spline.mul_(1.1)
+        torch.testing.assert_close(lev(ids), lev.reference(ids), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("kernels", ["c", None])
