@@ -351,7 +351,8 @@ def test_an_edited_block_generates_as_written(lm_eval, char_run, capsys, monkeyp
     from harness import Leviathan
 
     def gelu_mlp(self, x):
-        return self.dropout(self.down(torch.nn.functional.gelu(self.gate(x)) * self.up(x)))
+        F = torch.nn.functional
+        return F.dropout(self.down(F.gelu(self.gate(x)) * self.up(x)), self.dropout, self.training)
 
     monkeypatch.setattr(leviathan.SwiGLU, "forward", gelu_mlp)
     request = Instance("generate_until", {}, ("To be", {"until": [], "max_gen_toks": 20}), 0)
