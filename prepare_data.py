@@ -46,7 +46,6 @@ side named above (get_tokenizer, load_meta, load_split, and eval_windows) is mac
 import argparse
 import os
 import re
-import resource
 import sys
 import time
 import urllib.request
@@ -143,11 +142,17 @@ def run(args):
     return meta, out_dir
 
 
-def peak_mib(who):
-    """Peak resident memory in MiB of this process (resource.RUSAGE_SELF) or of its largest ended
-    child (RUSAGE_CHILDREN: a tokenizing worker, 0 without one). ru_maxrss counts KiB on Linux,
-    bytes on macOS."""
-    return resource.getrusage(who).ru_maxrss // (2**20 if sys.platform == "darwin" else 1024)
+def peak_memory_mib():
+    """Peak resident memory of this process and of its largest ended child (a tokenizing worker; 0
+    without one), in MiB, from getrusage (ru_maxrss counts KiB on Linux, bytes on macOS); (None,
+    None) on Windows, which has no resource module."""
+    try:
+        import resource
+    except ImportError:
+        return None, None
+    unit = 2**20 if sys.platform == "darwin" else 1024
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // unit,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // unit)
 
 
 def print_summary(meta, out_dir, seconds):
@@ -161,10 +166,10 @@ def print_summary(meta, out_dir, seconds):
               f"followed by <|endoftext|> ({meta['eot_token']})")
     print(f"train has {meta['train_tokens']:,} tokens")
     print(f"val has {meta['val_tokens']:,} tokens")
-    workers = peak_mib(resource.RUSAGE_CHILDREN)
-    workers = f" (+ {workers} MiB per worker)" if workers else ""
-    print(f"wrote {out_dir}/train.bin, val.bin, meta.json in {seconds:.1f} s, peak memory "
-          f"{peak_mib(resource.RUSAGE_SELF)} MiB{workers}")
+    main, worker = peak_memory_mib()
+    memory = f", peak memory {main} MiB" if main else ""
+    memory += f" (+ {worker} MiB per worker)" if worker else ""
+    print(f"wrote {out_dir}/train.bin, val.bin, meta.json in {seconds:.1f} s{memory}")
 
 
 def main(argv=None):
