@@ -4,8 +4,8 @@ prepare_files(spec, ...) prepares --input: machinery/corpus_readers.py lists and
 work items, tokenize_item tokenizes each (on --workers processes, the results kept in input order,
 so the .bin files are the same whatever their number), write_tokens sends each document to train or
 val, and DatasetWriter writes the files into a temporary folder that becomes DATA_DIR/NAME only when
-complete. The format is described in
-prepare_data.py's docstring; machinery/dataset.py reads it. numpy and tiktoken only: no torch.
+complete. The format is described in prepare_data.py's docstring; machinery/dataset.py reads it.
+numpy and tiktoken only: no torch.
 """
 
 import collections
