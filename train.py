@@ -443,105 +443,120 @@ def diverged(what, s, procs):
 
 def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_signal,
                evaluated=None):
-    """Every eval_interval steps (and at the last): evaluate both splits, append a record to
-    log.jsonl and write ckpt.pt (not at step `evaluated`, whose record the log already holds); then
-    one optimizer step over gradient_accumulation_steps * batch_size windows, drawn for all
-    processes together so that the data order does not depend on how many share the work; a
-    progress line every log_interval steps. model: the plain module (evaluation, checkpoints);
-    train_model: what steps (torch.compile'd, DDP-wrapped). Returns the exit code: 0 done, 1
-    diverged (nothing saved: a non-finite loss, gradient norm, val loss or weight), 130 stopped by
-    Ctrl-C or SIGTERM (saved after the step)."""
-    T, B, accum = s["block_size"], s["batch_size"], s["gradient_accumulation_steps"]
-    fast_model = train_model.module if procs.ddp else train_model  # no DDP in evaluation
+    """Evaluate and save every eval_interval steps (and at the last, but not at step `evaluated`,
+    whose record the log already holds); between, one optimizer step at a time, with a progress
+    line every log_interval steps. model: the plain module (evaluation, checkpoints); train_model:
+    what steps (torch.compile'd, DDP-wrapped). Returns the exit code: 0 done, 1 diverged (nothing
+    saved: a non-finite loss, gradient norm, val loss or weight), 130 stopped by Ctrl-C or SIGTERM
+    (saved after the step)."""
     grad_stats = GradStats(model, s["grad_clip"])  # the steps since the previous record
-    log_file = log_path(s)
-    t_log, steps_since_log, clipped_since_log, last_eval_s = time.time(), 0, 0, 0.0
+    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
+    t_log, steps_since_log, clipped_since_log, eval_s = time.time(), 0, 0, 0.0
     while True:
         step = run["step"]
         if (step % s["eval_interval"] == 0 or step == s["max_iters"]) and step != evaluated:
-            t_eval = time.time()
-            train_loss = estimate_loss(fast_model, data.train, data.train_starts, s, procs)
-            val_loss = estimate_loss(fast_model, data.val, data.val_starts, s, procs)
-            last_eval_s = time.time() - t_eval
-            if not (math.isfinite(val_loss) and math.isfinite(train_loss)
-                    and runs.all_finite(model)):
-                diverged(f"the val loss is {val_loss} at step {step}", s, procs)
+            eval_s = evaluate_and_save(s, model, train_model, optimizer, scaler, run, data, procs,
+                                       grad_stats)
+            if eval_s is None:
                 return 1
-            run["best_val_loss"] = min(run["best_val_loss"], val_loss)
-            record = {"step": step, "tokens": run["tokens_seen"], "train_loss": train_loss,
-                      "val_loss": val_loss, "lr": get_lr(step, s), **grad_stats.record(),
-                      "elapsed_s": round(elapsed(run), 3), "embedding": s["embedding"]}
-            if run["origin"] is not None:
-                record["init_from"] = run["origin"]["checkpoint"]
-                if step == 0 and "retrofit" in run["origin"]:  # the fit's figures, once
-                    record["retrofit"] = run["origin"]["retrofit"]
-            if procs.master:
-                with open(log_file, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record) + "\n")
-            save_checkpoint(s, model, optimizer, scaler, run, data, procs)
-            procs.log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
-                      f"{run['best_val_loss']:.4f}), eval {last_eval_s:.1f} s, saved "
-                      f"{ckpt_path(s)}")
             t_log = time.time()  # progress lines time the training steps only
         if step >= s["max_iters"]:
             return 0
-
-        # one optimizer step
-        lr = get_lr(step, s)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        starts = torch.randint(len(data.train) - T, (accum * B,),
-                               generator=run["data_order"]).numpy()
-        loss_sum = torch.zeros((), device=procs.device)
-        for micro in range(procs.local_accum):
-            first = (procs.rank * procs.local_accum + micro) * B
-            x, y = get_batch(data.train, starts[first:first + B], T, procs.device)
-            if procs.ddp:  # average gradients across processes only after the last micro-step
-                train_model.require_backward_grad_sync = micro == procs.local_accum - 1
-            with procs.autocast:
-                _, loss = train_model(x, y, z_loss=s["z_loss"])
-            loss_sum += loss.detach()
-            scaler.scale(loss / procs.local_accum).backward()
-        scaler.unscale_(optimizer)
-        grad_stats.measure_parts()  # before clipping changes the gradients
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"] or math.inf)
-        # the mean over processes, in one all-reduce: the step's loss, and whether a signal asked
-        # any process to stop
-        step_loss, stopping = procs.mean([loss_sum / procs.local_accum, float(bool(stop_signal))])
-        stop = stopping > 0
-        # float16's GradScaler skips an inf-gradient step itself; elsewhere the step writes NaNs
-        bad_grad = not scaler.is_enabled() and not torch.isfinite(grad_norm)
-        if not math.isfinite(step_loss) or bad_grad:
-            what = "loss" if not math.isfinite(step_loss) else "gradient norm"
-            value = step_loss if what == "loss" else grad_norm.item()
-            diverged(f"the {what} is {value} at step {step}", s, procs)
+        stepped = optimizer_step(s, model, train_model, optimizer, scaler, run, data, procs,
+                                 grad_stats, stop_signal)
+        if stepped is None:  # diverged
             return 1
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        run["step"] += 1
-        run["tokens_seen"] += accum * B * T
-        grad_norm = grad_norm.item()
-        grad_stats.add(grad_norm)
-
+        step_loss, lr, grad_norm, stop = stepped
         steps_since_log += 1
         clipped_since_log += clipped(grad_norm, s["grad_clip"])
         if run["step"] % s["log_interval"] == 0 or stop:
             step_s = (time.time() - t_log) / steps_since_log
             evals_left = (s["max_iters"] // s["eval_interval"] - run["step"] // s["eval_interval"]
                           + (s["max_iters"] % s["eval_interval"] > 0))
-            eta = (s["max_iters"] - run["step"]) * step_s + evals_left * last_eval_s
+            eta = (s["max_iters"] - run["step"]) * step_s + evals_left * eval_s
             clip = (f" | clipped {100 * clipped_since_log / steps_since_log:.0f}%"
                     if s["grad_clip"] > 0 else "")
             procs.log(f"step {run['step']}/{s['max_iters']} | loss {step_loss:.4f} | lr {lr:.2e} | "
                       f"grad norm {grad_norm:.3f}{clip} | {1000 * step_s:.0f} ms/step | "
-                      f"{accum * B * T / step_s:,.0f} tok/s | ETA {runs.format_seconds(eta)}")
+                      f"{tokens_per_step / step_s:,.0f} tok/s | ETA {runs.format_seconds(eta)}")
             t_log, steps_since_log, clipped_since_log = time.time(), 0, 0
         if stop:
             save_checkpoint(s, model, optimizer, scaler, run, data, procs)
             procs.log(f"stopped at step {run['step']}; saved {ckpt_path(s)}. Continue with: "
                       f"python train.py --out_dir={s['out_dir']} --init_from=resume")
             return 130
+
+
+def evaluate_and_save(s, model, train_model, optimizer, scaler, run, data, procs, grad_stats):
+    """Estimate both splits' losses, append a record to log.jsonl and write ckpt.pt -> the seconds
+    the evaluation took, or None (said) where the model diverged."""
+    step, t_eval = run["step"], time.time()
+    fast_model = train_model.module if procs.ddp else train_model  # no DDP in evaluation
+    train_loss = estimate_loss(fast_model, data.train, data.train_starts, s, procs)
+    val_loss = estimate_loss(fast_model, data.val, data.val_starts, s, procs)
+    eval_s = time.time() - t_eval
+    if not (math.isfinite(val_loss) and math.isfinite(train_loss) and runs.all_finite(model)):
+        diverged(f"the val loss is {val_loss} at step {step}", s, procs)
+        return None
+    run["best_val_loss"] = min(run["best_val_loss"], val_loss)
+    record = {"step": step, "tokens": run["tokens_seen"], "train_loss": train_loss,
+              "val_loss": val_loss, "lr": get_lr(step, s), **grad_stats.record(),
+              "elapsed_s": round(elapsed(run), 3), "embedding": s["embedding"]}
+    if run["origin"] is not None:
+        record["init_from"] = run["origin"]["checkpoint"]
+        if step == 0 and "retrofit" in run["origin"]:  # the fit's figures, once
+            record["retrofit"] = run["origin"]["retrofit"]
+    if procs.master:
+        with open(log_path(s), "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    save_checkpoint(s, model, optimizer, scaler, run, data, procs)
+    procs.log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
+              f"{run['best_val_loss']:.4f}), eval {eval_s:.1f} s, saved {ckpt_path(s)}")
+    return eval_s
+
+
+def optimizer_step(s, model, train_model, optimizer, scaler, run, data, procs, grad_stats,
+                   stop_signal):
+    """One optimizer step over gradient_accumulation_steps * batch_size windows, drawn for all
+    processes together so that the data order does not depend on how many share the work -> (the
+    step's mean loss, its learning rate, its gradient norm before clipping, whether any process was
+    asked to stop), or None (said) where the loss or the gradient norm is not finite."""
+    T, B, accum = s["block_size"], s["batch_size"], s["gradient_accumulation_steps"]
+    lr = get_lr(run["step"], s)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    starts = torch.randint(len(data.train) - T, (accum * B,), generator=run["data_order"]).numpy()
+    loss_sum = torch.zeros((), device=procs.device)
+    for micro in range(procs.local_accum):
+        first = (procs.rank * procs.local_accum + micro) * B
+        x, y = get_batch(data.train, starts[first:first + B], T, procs.device)
+        if procs.ddp:  # average gradients across processes only after the last micro-step
+            train_model.require_backward_grad_sync = micro == procs.local_accum - 1
+        with procs.autocast:
+            _, loss = train_model(x, y, z_loss=s["z_loss"])
+        loss_sum += loss.detach()
+        scaler.scale(loss / procs.local_accum).backward()
+    scaler.unscale_(optimizer)
+    grad_stats.measure_parts()  # before clipping changes the gradients
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"] or math.inf)
+    # the mean over processes, in one all-reduce: the step's loss, and whether a signal asked any
+    # process to stop
+    step_loss, stopping = procs.mean([loss_sum / procs.local_accum, float(bool(stop_signal))])
+    # float16's GradScaler skips an inf-gradient step itself; elsewhere the step writes NaNs
+    bad_grad = not scaler.is_enabled() and not torch.isfinite(grad_norm)
+    if not math.isfinite(step_loss) or bad_grad:
+        what = "loss" if not math.isfinite(step_loss) else "gradient norm"
+        value = step_loss if what == "loss" else grad_norm.item()
+        diverged(f"the {what} is {value} at step {run['step']}", s, procs)
+        return None
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    run["step"] += 1
+    run["tokens_seen"] += accum * B * T
+    grad_norm = grad_norm.item()
+    grad_stats.add(grad_norm)
+    return step_loss, lr, grad_norm, stopping > 0
 
 
 def train(given, explicit):

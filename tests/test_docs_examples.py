@@ -119,11 +119,11 @@ def test_a_z_loss_as_the_page_says(tmp_path, char_data):
     assert losses[True] == pytest.approx(losses[False], abs=2e-4) and len(losses[True]) == 3
     train_file = copy / "train.py"
     source = train_file.read_text()
-    line = '                _, loss = train_model(x, y, z_loss=s["z_loss"])\n'
+    line = '            _, loss = train_model(x, y, z_loss=s["z_loss"])\n'
     assert source.count(line) == 1
     train_file.write_text(source.replace(line, (
-        "                logits, loss = train_model(x, y)\n"
-        "                loss = loss + 1e-4 * logits.logsumexp(-1).pow(2).mean()\n")))
+        "            logits, loss = train_model(x, y)\n"
+        "            loss = loss + 1e-4 * logits.logsumexp(-1).pow(2).mean()\n")))
     _, err = train(copy, char_data, tmp_path / "edited", "--max_iters=1", expect=2)
     assert err.count("\n") == 1 and "--z_loss" in err and "--lean_head=False" in err
     train(copy, char_data, tmp_path / "edited-plain", "--max_iters=1", "--lean_head=False")
