@@ -309,6 +309,24 @@ def lev_kernels(args):
     return KERNEL_NAMES[kernels_in_training(probe, args.device)]
 
 
+def time_steps(steppers, get_batch, args):
+    """Rounds of one training step of each variant on the same batch, the order rotating from round
+    to round -> ({variant: seconds of each step after the warmup}, distinct ids of each batch)."""
+    gen = torch.Generator().manual_seed(args.seed)
+    times = {key: [] for key in steppers}
+    distinct = []
+    keys = list(steppers)
+    for i in range(args.warmup + args.steps):
+        x, y = get_batch(gen)  # every arm gets the same batch
+        distinct.append(len(torch.unique(x)))
+        for arm in keys[i % len(keys):] + keys[:i % len(keys)]:
+            model, opt = steppers[arm]
+            t = timed(args.device, train_step, model, opt, x, y, args)
+            if i >= args.warmup:
+                times[arm].append(t)
+    return times, distinct
+
+
 def train_table(args, results):
     vocab_size, get_batch, what = batch_source(args)
     print(f"\n## Training step: forward + backward + AdamW, "
@@ -323,19 +341,7 @@ def train_table(args, results):
               for key, (arm, head) in variants.items()}
     steppers = {key: (torch.compile(m) if args.compile else m, opt)
                 for key, (m, opt) in models.items()}
-    gen = torch.Generator().manual_seed(args.seed)
-    times = {key: [] for key in variants}
-    distinct = []
-    keys = list(steppers)
-    for i in range(args.warmup + args.steps):
-        x, y = get_batch(gen)  # every arm gets the same batch
-        distinct.append(len(torch.unique(x)))
-        # a round: each arm once, the order rotating
-        for arm in keys[i % len(keys):] + keys[:i % len(keys)]:
-            model, opt = steppers[arm]
-            t = timed(args.device, train_step, model, opt, x, y, args)
-            if i >= args.warmup:
-                times[arm].append(t)
+    times, distinct = time_steps(steppers, get_batch, args)
     tokens = args.batch_size * args.block_size
     print(f"distinct ids per batch: {statistics.median(distinct):.0f} of {tokens}\n")
     print("| arm | params (input / backbone / head) | ms/step | tokens/s | MFLOP/token | GFLOP/s "
@@ -371,13 +377,13 @@ def train_table(args, results):
         results["lev_over_tied"] = rows["lev"]["over_tied"]
 
 
-def lev_table(args, results):
-    N, D, V = args.lev_ids, args.lev_embd, args.vocab_size
-    print(f"\n## LEV alone: N ids -> (N, {D}), forward + backward, V = {V:,}, {args.device}")
+def lev_modules(args):
+    """Three LEVs of the same weights, their fast path on torch's compiled kernels, torch's eager
+    ones and the C kernels -> (compiled, eager, c, whether the fast path is on, whether C runs)."""
+    config = Config(vocab_size=args.vocab_size, n_embd=args.lev_embd, n_head=1)
     torch.manual_seed(args.seed)
-    lev = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
-    eager = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
-    c = LEV(Config(vocab_size=V, n_embd=D, n_head=1)).to(args.device)
+    lev = LEV(config).to(args.device)
+    eager, c = LEV(config).to(args.device), LEV(config).to(args.device)
     eager.load_state_dict(lev.state_dict())
     c.load_state_dict(lev.state_dict())
     lev.fast_embed = FastEmbedder(args.lev_chunk, c_kernels=False)  # torch's kernels, compiled
@@ -387,7 +393,13 @@ def lev_table(args, results):
     # the compiled and the C kernels compute what the eager ones do (tests/test_fast_lev.py)
     check_lev(eager, say=print)
     fast = eager.fast_embed is not None
-    with_c = fast and kernels_in_training(c, args.device) == "c"
+    return lev, eager, c, fast, fast and kernels_in_training(c, args.device) == "c"
+
+
+def lev_table(args, results):
+    N, D, V = args.lev_ids, args.lev_embd, args.vocab_size
+    print(f"\n## LEV alone: N ids -> (N, {D}), forward + backward, V = {V:,}, {args.device}")
+    lev, eager, c, fast, with_c = lev_modules(args)
     emb = torch.nn.Embedding(V, D).to(args.device)
     ids = torch.randperm(V, device=args.device)[:N]  # all distinct: the worst case for LEV
     _, get_batch, what = batch_source(argparse.Namespace(**{**vars(args), "vocab_size": V}))
