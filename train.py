@@ -363,6 +363,10 @@ def log_path(s):
     return os.path.join(s["out_dir"], "log.jsonl")
 
 
+def tokens_per_step(s):
+    return s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
+
+
 # --------------------------------------------------------------------------------------------------
 # The run: a model to train, from scratch, a checkpoint to fine-tune or one to resume
 
@@ -450,7 +454,6 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
     saved: a non-finite loss, gradient norm, val loss or weight), 130 stopped by Ctrl-C or SIGTERM
     (saved after the step)."""
     grad_stats = GradStats(model, s["grad_clip"])  # the steps since the previous record
-    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
     t_log, steps_since_log, clipped_since_log, eval_s = time.time(), 0, 0, 0.0
     while True:
         step = run["step"]
@@ -478,7 +481,7 @@ def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_
                     if s["grad_clip"] > 0 else "")
             procs.log(f"step {run['step']}/{s['max_iters']} | loss {step_loss:.4f} | lr {lr:.2e} | "
                       f"grad norm {grad_norm:.3f}{clip} | {1000 * step_s:.0f} ms/step | "
-                      f"{tokens_per_step / step_s:,.0f} tok/s | ETA {runs.format_seconds(eta)}")
+                      f"{tokens_per_step(s) / step_s:,.0f} tok/s | ETA {runs.format_seconds(eta)}")
             t_log, steps_since_log, clipped_since_log = time.time(), 0, 0
         if stop:
             save_checkpoint(s, model, optimizer, scaler, run, data, procs)
@@ -553,7 +556,7 @@ def optimizer_step(s, model, train_model, optimizer, scaler, run, data, procs, g
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     run["step"] += 1
-    run["tokens_seen"] += accum * B * T
+    run["tokens_seen"] += tokens_per_step(s)
     grad_norm = grad_norm.item()
     grad_stats.add(grad_norm)
     return step_loss, lr, grad_norm, stopping > 0
@@ -618,7 +621,6 @@ def train(given, explicit):
 def report_start(model, run, data, procs, s):
     """What the run trains on, with, where, and from which step."""
     report = model.param_report()
-    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
     procs.log(f"data: {data.dir}, {data.meta['tokenizer']} tokens, vocab "
               f"{data.meta['vocab_size']:,}, train {len(data.train):,}, val {len(data.val):,} "
               f"tokens ({len(data.val_starts)} eval windows per split)")
@@ -633,7 +635,7 @@ def report_start(model, run, data, procs, s):
     where = (f"resuming at step {run['step']}" if s["init_from"] == "resume"
              else f"writing {ckpt_path(s)}")
     procs.log(f"device {procs.device}, dtype {procs.dtype}, {procs.world} process(es), "
-              f"{tokens_per_step:,} tokens per step, {where}")
+              f"{tokens_per_step(s):,} tokens per step, {where}")
     if s["init_from"] == "resume" and s["max_iters"] > s["lr_decay_iters"] > 0:
         procs.log(f"note: the cosine decay ends at step {s['lr_decay_iters']} (lr_decay_iters, "
                   f"kept from the checkpoint), then lr stays at min_lr; pass --lr_decay_iters to "
