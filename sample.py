@@ -22,10 +22,10 @@ import time
 
 import torch
 
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import install_fast_paths
 from leviathan import GPT, Config
 from machinery import checkpoints, cli, dataset, devices
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import install_fast_paths
 
 SEPARATOR = "---------------"
 

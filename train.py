@@ -53,10 +53,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import install_fast_paths
 from leviathan import EMBEDDINGS, GPT, Config
 from machinery import checkpoints, cli, retrofit, runs
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import install_fast_paths
 from machinery.grad_stats import GradStats, clipped
 from machinery.settings import (
     SettingsError,

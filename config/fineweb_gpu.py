@@ -6,7 +6,7 @@
 #   python train.py config/fineweb_gpu.py                     # Leviathan -> out-fineweb-gpu-lev/
 #   python train.py config/fineweb_gpu.py --embedding=tied    # baseline: same batches, val tokens
 #   python train.py config/fineweb_gpu.py --embedding=untied  # control: untying alone
-#   python eval.py out-fineweb-gpu-tied out-fineweb-gpu-lev out-fineweb-gpu-untied \
+#   python lab/eval.py out-fineweb-gpu-tied out-fineweb-gpu-lev out-fineweb-gpu-untied \
 #       --plot=fineweb.png
 # docs/gpu.md has the whole recipe. NOTHING HERE HAS RUN: no GPU was at hand when it was written;
 # every time and memory figure below is an estimate, and tests/gpu_check.sh is the prepared first

@@ -6,7 +6,7 @@ eval.py refuses is refused here too; tests/test_harness.py checks it, example by
 nested ARC records become the fields of the harness's ARC copy (question, choices.text,
 choices.label, answerKey)."""
 
-from machinery import tasks
+from lab import tasks
 
 
 def process_hellaswag(dataset):

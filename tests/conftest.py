@@ -75,7 +75,7 @@ def tiny_lev(seed=0, dtype=torch.float64, d_seed=16, chunk=5, vocab_size=V, norm
     path's, "c" (lev_kernels.c; the test is skipped without a C compiler) or "torch" (torch's
     kernels, with a chunk smaller than most batches so that chunking is exercised by default); None:
     no fast path, the recipe as leviathan.py writes it."""
-    from machinery.fast_lev import FastEmbedder
+    from kernels.fast_lev import FastEmbedder
 
     torch.manual_seed(seed)
     lev = leviathan.LEV(lev_config(vocab_size, lev_digits=3, lev_seed_dim=d_seed, lev_heads=2,
@@ -92,7 +92,7 @@ def random_ids(*shape, seed=0, high=V):
 
 
 def skip_without_c_kernels():
-    from machinery.c_kernels import c_library
+    from kernels.c_kernels import c_library
 
     if c_library() is None:
         pytest.skip("no C compiler for lev_kernels.c")
@@ -109,7 +109,7 @@ def fast_path_check_running(monkeypatch):
     """A list that is non-empty while the fast paths' check at install runs (install_fast_paths's
     check_fast_paths, machinery/fast_paths.py): it runs the model on its probes, and a test that
     counts the model's calls leaves those out."""
-    from machinery import fast_paths
+    from kernels import fast_paths
 
     check, running = fast_paths.check_fast_paths, []
 
@@ -188,7 +188,7 @@ def compiling(monkeypatch):
     too, so that a test can check that it really compiled)."""
     from torch._dynamo.utils import counters
 
-    from machinery import fast_lev
+    from kernels import fast_lev
 
     monkeypatch.setattr(fast_lev, "_compiled_kernels", {})
     monkeypatch.setattr(fast_lev, "_compile_failures", {})

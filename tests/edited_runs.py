@@ -13,9 +13,9 @@ sys.path.insert(0, os.getcwd())  # the copy's leviathan.py, scripts and machiner
 
 import torch  # noqa: E402
 
-import eval as evaluate  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
+from lab import eval as evaluate  # noqa: E402
 
 MODEL = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=24", "--lev_seed_dim=16",
          "--lev_heads=2", "--lev_rank=8", "--lev_knots=6"]

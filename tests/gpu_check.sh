@@ -8,11 +8,11 @@
 #   1. the machine: nvidia-smi, torch / CUDA / Triton versions                         (<= 30 s)
 #   2. the CUDA tests, with the lean-head and compile tests (they include CUDA
 #      cases too)                                                                      (<= 210 s)
-#   3. bench.py at config/shakespeare_gpu.py's shape: training step of every arm
+#   3. lab/bench.py at config/shakespeare_gpu.py's shape: training step of every arm
 #      with both heads, and generation; compiled, bf16                                 (<= 120 s)
 #   4. LEV's ids per chunk (lev_chunk, untuned: the GPU configs guess 1024): 256,
 #      1024, 4096                                                                      (<= 3 x 35 s)
-#   5. bench.py at the paper's vocabulary, V = 200,376, at config/fineweb_gpu.py's
+#   5. lab/bench.py at the paper's vocabulary, V = 200,376, at config/fineweb_gpu.py's
 #      shape (8 x 8 x 512, block 1024): step time and peak memory per arm with the
 #      lean head                                                                       (<= 75 s)
 # A step that fails or times out is reported and the next one still runs; the exit status is that
@@ -61,14 +61,14 @@ step 02-pytest 210 "$PYTHON" -m pytest -q -rs tests/test_cuda.py tests/test_lean
 #    data needed) at GPT-2's V. Few steps: the medians are for a first look, not for a table.
 GPU_SHAPE=(--device=cuda --n_layer=6 --n_head=6 --n_embd=384 --block_size=256 --batch_size=64
            --dataset=none --vocab_size=50257)
-step 03-bench-gpu 120 "$PYTHON" bench.py "${GPU_SHAPE[@]}" --compile --tables=train,gen \
+step 03-bench-gpu 120 "$PYTHON" lab/bench.py "${GPU_SHAPE[@]}" --compile --tables=train,gen \
     --heads=lean,full --steps=5 --warmup=2 --gen_tokens=200 --json="$OUT/bench_gpu.json"
 
 # 4. lev_chunk: the GPU is filled only by enough ids per kernel call (a 16,384-token batch holds a
 #    few thousand distinct ids). LEV's kernels are compiled in every run; the model itself eager, to
 #    fit the time.
 for chunk in 256 1024 4096; do
-    step "04-lev_chunk-$chunk" 35 "$PYTHON" bench.py "${GPU_SHAPE[@]}" --tables=train \
+    step "04-lev_chunk-$chunk" 35 "$PYTHON" lab/bench.py "${GPU_SHAPE[@]}" --tables=train \
         --embedding=tied,lev --heads=lean --lev_chunk="$chunk" --steps=3 --warmup=1 \
         --json="$OUT/bench_lev_chunk_$chunk.json"
 done
@@ -76,7 +76,7 @@ done
 # 5. the paper's vocabulary at config/fineweb_gpu.py's shape, one micro-batch of 16 x 1024 tokens
 #    (the config uses 64): peak memory and step time of each arm with the lean head, eager model,
 #    LEV kernels compiled
-step 05-bench-v200k 75 "$PYTHON" bench.py --device=cuda --n_layer=8 --n_head=8 --n_embd=512 \
+step 05-bench-v200k 75 "$PYTHON" lab/bench.py --device=cuda --n_layer=8 --n_head=8 --n_embd=512 \
     --block_size=1024 --batch_size=16 --dataset=none --vocab_size=200376 --tables=train \
     --heads=lean --lev_chunk=1024 --steps=3 --warmup=1 --json="$OUT/bench_v200k.json"
 

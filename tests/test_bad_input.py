@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import spoil_training_loss
 
-import bench
-import eval as ev
 import sample
 import train
-from machinery import cli, evaluation
+from lab import bench, evaluation
+from lab import eval as ev
+from machinery import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

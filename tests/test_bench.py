@@ -9,8 +9,8 @@ import math
 import pytest
 from conftest import lev_param_count
 
-import bench
-from machinery.c_kernels import c_library
+from kernels.c_kernels import c_library
+from lab import bench
 
 TOY = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16",
        "--block_size=8", "--batch_size=2", "--steps=2", "--warmup=1", "--lev_ids=40",

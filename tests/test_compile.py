@@ -18,9 +18,9 @@ from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import leviathan  # noqa: E402
+from kernels import fast_lev  # noqa: E402
+from kernels.fast_lev import FastEmbedder  # noqa: E402
 from leviathan import LEV, Config  # noqa: E402
-from machinery import fast_lev  # noqa: E402
-from machinery.fast_lev import FastEmbedder  # noqa: E402
 
 # inductor's CPU backend compiles C++; without a compiler LEV warns and runs eagerly (tested below
 # with a stand-in)

@@ -29,11 +29,11 @@ from torch._dynamo.utils import counters
 
 import leviathan
 import train
+from kernels import fast_lev, lean_head
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import install_fast_paths
+from kernels.lean_head import NO_LOGITS
 from leviathan import GPT, LEV, Config
-from machinery import fast_lev, lean_head
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import install_fast_paths
-from machinery.lean_head import NO_LOGITS
 
 DEVICE = "cuda"
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

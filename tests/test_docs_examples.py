@@ -15,8 +15,8 @@ from conftest import ROOT, copy_project, prepare_text
 from test_train import TINY
 
 PAGE = Path(ROOT) / "docs" / "training.md"
-PROJECT = ["leviathan.py", "train.py", "sample.py", "eval.py", "prepare_data.py", "machinery",
-           "config"]
+PROJECT = ["leviathan.py", "train.py", "sample.py", "prepare_data.py", "lab", "kernels",
+           "machinery", "config"]
 # the example each diff is, found by a line only it adds
 DIFFS = {"schedule": '+    "schedule": (', "weight_norm": "+def weight_norm(model):",
          "sgd": '+    "optimizer": (', "extra_eval": '+    "extra_dataset": ('}

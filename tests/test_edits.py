@@ -18,9 +18,9 @@ import pytest
 import torch
 from conftest import ROOT, adamw, copy_project, tiny_model
 
-from machinery import fast_paths
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import check_fast_paths, install_fast_paths
+from kernels import fast_paths
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import check_fast_paths, install_fast_paths
 
 FAST_LEV = FastEmbedder(compile_kernels=False)  # LEV's fast path, its kernels eager
 
@@ -60,7 +60,7 @@ EDITS = {
     "logit soft-cap": (set(), "return self.lm_head(x[:, -1:, :]), None",
                        "return 3 * torch.tanh(self.lm_head(x[:, -1:, :]) / 3), None"),
 }
-SCRIPTS = ["leviathan.py", "train.py", "sample.py", "eval.py", "bench.py", "machinery"]
+SCRIPTS = ["leviathan.py", "train.py", "sample.py", "lab", "kernels", "machinery"]
 
 
 def edited_copy(folder, *edits):
@@ -125,7 +125,7 @@ def test_bench_times_only_the_fast_paths_that_follow_an_edit(tmp_path):
     toy = ["--dataset=none", "--vocab_size=300", "--n_layer=1", "--n_head=2", "--n_embd=16",
            "--block_size=8", "--lev_ids=40", "--lev_embd=8", "--plain_max=10", "--gen_tokens=4",
            "--gen_rounds=1", "--tables=lev,gen", "--embedding=lev", "--no-gen_compile"]
-    done = subprocess.run([sys.executable, "bench.py", *toy], cwd=folder, capture_output=True,
+    done = subprocess.run([sys.executable, "lab/bench.py", *toy], cwd=folder, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     lines = (done.stdout + done.stderr).splitlines()

@@ -16,12 +16,12 @@ import pytest
 import tiktoken
 import torch
 
-import eval as ev
+from kernels.fast_lev import FastEmbedder
+from lab import eval as ev
+from lab import evaluation
 from leviathan import GPT, Config
-from machinery import evaluation
 from machinery.checkpoints import CHECKPOINT_VERSION
 from machinery.dataset import CharTokenizer, TiktokenTokenizer, eval_windows
-from machinery.fast_lev import FastEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 16
@@ -495,7 +495,7 @@ def test_command_line(tmp_path, run_cli):
     code, out, _ = run_cli(ev.main, ["--help"])
     assert code == 0 and "teacher forcing" in out and "--lambada_max" in out
     assert "DATA_DIR/<dataset" in out
-    bad = subprocess.run([sys.executable, str(ROOT / "eval.py"), "nowhere"], cwd=tmp_path,
+    bad = subprocess.run([sys.executable, str(ROOT / "lab" / "eval.py"), "nowhere"], cwd=tmp_path,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("eval.py: error: no checkpoint at nowhere")
     assert "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1

@@ -28,9 +28,8 @@ from conftest import (  # noqa: E402
     tiny_model,
 )
 
-from leviathan import bspline_basis, signed_log_product  # noqa: E402
-from machinery import c_kernels  # noqa: E402
-from machinery.fast_lev import (  # noqa: E402
+from kernels import c_kernels  # noqa: E402
+from kernels.fast_lev import (  # noqa: E402
     FastEmbedder,
     SplineProduct,
     bspline_weights3,
@@ -38,7 +37,8 @@ from machinery.fast_lev import (  # noqa: E402
     spline_3knots,
     spline_3knots_indexing,
 )
-from machinery.fast_paths import install_fast_paths  # noqa: E402
+from kernels.fast_paths import install_fast_paths  # noqa: E402
+from leviathan import bspline_basis, signed_log_product  # noqa: E402
 
 KERNELS = pytest.mark.parametrize("kernels", ["c", "torch"])
 

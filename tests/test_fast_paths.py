@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import ROOT, adamw
 
+from kernels.c_kernels import c_library
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import install_fast_paths
 from leviathan import GPT, Config
-from machinery.c_kernels import c_library
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import install_fast_paths
 
 TINY = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32, lev_seed_dim=16,
             lev_heads=2, lev_rank=8)

@@ -15,9 +15,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # plain `pytest` finds leviathan.py
 from conftest import BLOCK, V, random_ids, tiny_model  # noqa: E402
 
+from kernels.fast_lev import FastEmbedder  # noqa: E402
+from kernels.fast_paths import install_fast_paths  # noqa: E402
 from leviathan import EMBEDDINGS  # noqa: E402
-from machinery.fast_lev import FastEmbedder  # noqa: E402
-from machinery.fast_paths import install_fast_paths  # noqa: E402
 
 arms = pytest.mark.parametrize("arm", EMBEDDINGS)
 SAMPLINGS = [dict(temperature=0.0), dict(temperature=1.0),

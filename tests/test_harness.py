@@ -3,7 +3,7 @@ equal eval.py --task's (machinery/tasks.py), example by example.
 
 Local files in five published formats are written here and read through tasks/'s own configs (their
 data_files pointed at these files): the prompts, log-likelihoods, acc, acc_norm and perplexity that
-the harness computes through the adapter (lm_eval.simple_evaluate) are machinery.tasks' on the same
+the harness computes through the adapter (lm_eval.simple_evaluate) are lab.tasks' on the same
 files; loglikelihood_rolling is eval.py's whole-text loss; generate_until gives sample.py's tokens.
 Skipped without lm_eval (an optional dependency); hermetic: tiny random models, tokenizers built
 in-process, the Hugging Face libraries offline."""
@@ -23,14 +23,14 @@ import pytest
 import tiktoken
 import torch
 
-import eval as ev
 import sample
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import install_fast_paths
+from lab import eval as ev
+from lab import tasks
 from leviathan import GPT, Config
-from machinery import tasks
 from machinery.checkpoints import CHECKPOINT_VERSION, load_checkpoint
 from machinery.dataset import CharTokenizer, TiktokenTokenizer
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import install_fast_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 24  # shorter than most contexts here: they are cut from the left
@@ -157,7 +157,7 @@ def evaluate(lm_eval, lm, configs, names):
 @pytest.fixture(scope="module")
 def harness_results(lm_eval, world):
     """The adapter on every task of the world, through the harness -> (results, the adapter)."""
-    from machinery.harness import LeviathanLM
+    from lab.harness_model import LeviathanLM
 
     _, files, configs, model, tokenizer = world
     lm = LeviathanLM(model=model, tokenizer=tokenizer, batch_size=4, device="cpu")
@@ -249,7 +249,7 @@ def test_loglikelihood_rolling_is_the_whole_text_loss(harness_results, world):
 def test_requests_without_a_model_pass(lm_eval, world):
     from lm_eval.api.instance import Instance
 
-    from machinery.harness import AdapterError, LeviathanLM, cut_at_stops
+    from lab.harness_model import AdapterError, LeviathanLM, cut_at_stops
 
     _, _, _, model, tokenizer = world
     chars = CharTokenizer("".join(sorted(set("the cat sat on a mat. "))))
@@ -316,7 +316,7 @@ def sampled(run, prompt, capsys, *flags):
 def test_generate_until_gives_sample_py_tokens(lm_eval, char_run, capsys):
     from lm_eval.api.instance import Instance
 
-    from harness import Leviathan
+    from lab.harness import Leviathan
 
     lm = Leviathan(run=str(char_run), device="cpu")
 
@@ -348,7 +348,7 @@ def test_an_edited_block_generates_as_written(lm_eval, char_run, capsys, monkeyp
     from lm_eval.api.instance import Instance
 
     import leviathan
-    from harness import Leviathan
+    from lab.harness import Leviathan
 
     def gelu_mlp(self, x):
         F = torch.nn.functional
@@ -370,7 +370,7 @@ def test_the_command_line_scores_as_eval_py_task(lm_eval, world, char_run, tmp_p
     flags = ["--model_args", f"run={char_run}", "--include_path", str(configs), "--tasks",
              "local_piqa,local_winogrande", "--batch_size", "2", "--device", "cpu",
              "--output_path", "results"]
-    done = subprocess.run([sys.executable, str(ROOT / "harness.py"), *flags], cwd=tmp_path,
+    done = subprocess.run([sys.executable, str(ROOT / "lab" / "harness.py"), *flags], cwd=tmp_path,
                           capture_output=True, text=True, env={**os.environ, "HF_HOME": "hf"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"\|local_piqa +\| +1\|none +\| +0\|acc +\|", done.stdout), done.stdout
@@ -395,7 +395,8 @@ def test_a_run_that_cannot_be_loaded_is_one_line(lm_eval, world, tmp_path):
     """The registered model, by name: a missing or bad run is refused in one line, which
     harness.py prints as its error (exit code 2)."""
     import harness  # noqa: F401  (registers the model "leviathan")
-    from machinery.harness import AdapterError
+
+    from lab.harness_model import AdapterError
     _, _, configs, _, _ = world
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "ckpt.pt").write_text("not a checkpoint")
@@ -428,7 +429,7 @@ def test_a_continuation_merged_into_its_context_is_refused_the_same_in_both(lm_e
     line (eval.py's with the file and line)."""
     from lm_eval.api.instance import Instance
 
-    from machinery.harness import AdapterError, LeviathanLM
+    from lab.harness_model import AdapterError, LeviathanLM
 
     _, _, _, model, tokenizer = world
     with pytest.raises(tasks.NoContinuationTokens, match="merges into the last token"):
@@ -445,7 +446,7 @@ def test_a_continuation_merged_into_its_context_is_refused_the_same_in_both(lm_e
 def test_bad_generation_settings_are_refused(lm_eval, world):
     from lm_eval.api.instance import Instance
 
-    from machinery.harness import AdapterError, LeviathanLM
+    from lab.harness_model import AdapterError, LeviathanLM
 
     _, _, _, model, tokenizer = world
     lm = LeviathanLM(model=model, tokenizer=tokenizer, device="cpu")
@@ -459,7 +460,7 @@ def test_bad_generation_settings_are_refused(lm_eval, world):
 def test_bad_task_configs_and_data_files_are_one_line(lm_eval, tmp_path):
     """Checked before the harness starts: a YAML that does not parse (the harness would say only
     "Tasks not found"), and a data file that is not JSON lines (a traceback from datasets)."""
-    from machinery.harness import AdapterError, check_task_configs
+    from lab.harness_model import AdapterError, check_task_configs
 
     configs = tmp_path / "tasks"
     configs.mkdir()
@@ -493,7 +494,7 @@ def test_an_lm_eval_without_a_helper_the_adapter_uses_is_one_line(lm_eval):
 
 
 def test_the_adapter_takes_sample_py_threads_on_cpu(lm_eval, world):
-    from machinery.harness import LeviathanLM
+    from lab.harness_model import LeviathanLM
 
     _, _, _, model, tokenizer = world
     previous = torch.get_num_threads()

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import lean_head
+from kernels.fast_paths import install_fast_paths
+from kernels.lean_head import NO_LOGITS, default_chunk_size, linear_cross_entropy
 from leviathan import GPT, Config
-from machinery import lean_head
-from machinery.fast_paths import install_fast_paths
-from machinery.lean_head import NO_LOGITS, default_chunk_size, linear_cross_entropy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

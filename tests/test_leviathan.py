@@ -30,6 +30,8 @@ from conftest import (  # noqa: E402
     tiny_model,
 )
 
+from kernels.fast_lev import FastEmbedder  # noqa: E402
+from kernels.fast_paths import install_fast_paths  # noqa: E402
 from leviathan import (  # noqa: E402
     EMBEDDINGS,
     GPT,
@@ -41,8 +43,6 @@ from leviathan import (  # noqa: E402
     sample_next,
 )
 from machinery.checkpoints import CHECKPOINT_VERSION, load_checkpoint  # noqa: E402
-from machinery.fast_lev import FastEmbedder  # noqa: E402
-from machinery.fast_paths import install_fast_paths  # noqa: E402
 
 arms = pytest.mark.parametrize("arm", EMBEDDINGS)
 

@@ -10,10 +10,10 @@ import torch
 from conftest import random_ids, tiny_lev, tiny_model
 from test_train import read_log
 
-import eval as ev
 import leviathan
 import sample
 import train
+from lab import eval as ev
 from machinery import checkpoints, dataset, retrofit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from conftest import make_tiny_encoding
 
-import eval as ev
+from lab import eval as ev
+from lab import tasks
 from leviathan import GPT, Config
-from machinery import tasks
 from machinery.checkpoints import CHECKPOINT_VERSION
 from machinery.dataset import CharTokenizer, TiktokenTokenizer
 
@@ -699,7 +699,7 @@ def test_command_errors_are_one_line(world, run_cli, monkeypatch):
         assert code == 2, (flag, err)
         assert err.startswith("eval.py: error: " + message) and err.count("\n") == 1, (flag, err)
     # the script itself: exit code 2, no traceback
-    bad = subprocess.run([sys.executable, str(ROOT / "eval.py"), "out-tied",
+    bad = subprocess.run([sys.executable, str(ROOT / "lab" / "eval.py"), "out-tied",
                           "--task=mc:tasks/bad.jsonl"], cwd=world, capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr == ("eval.py: error: tasks/bad.jsonl:2: not valid JSON (Expecting ',' "
@@ -712,9 +712,9 @@ def test_the_cases_of_issue_22_at_the_command(world, run_cli, monkeypatch):
     monkeypatch.chdir(world)
     Path("tasks/deep.jsonl").write_text('{"question": ' + "[" * DEEP + "]" * DEEP
                                         + ', "answerKey": "A"}\n')
-    deep = subprocess.run([sys.executable, str(ROOT / "eval.py"), "out-tied", "--lambada_max=0",
-                           "--task=arc:tasks/deep.jsonl"], cwd=world, capture_output=True,
-                          text=True)
+    deep = subprocess.run([sys.executable, str(ROOT / "lab" / "eval.py"), "out-tied",
+                           "--lambada_max=0", "--task=arc:tasks/deep.jsonl"], cwd=world,
+                          capture_output=True, text=True)
     assert deep.returncode == 2 and deep.stdout == ""
     assert deep.stderr == ("eval.py: error: tasks/deep.jsonl:1: not readable as JSON (nested too "
                            "deeply: more levels than Python's recursion limit)\n")

@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import ROOT, fast_path_check_running, prepare_text, spoil_training_loss
 
-import eval as ev
 import leviathan
 import train
+from lab import eval as ev
 from leviathan import GPT, Config
 from machinery import checkpoints, dataset, grad_stats, runs, settings
 

@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-from machinery import cli, tasks
+from lab import tasks
+from machinery import cli
 from machinery.cli import atomic_path
 from machinery.dataset import load_meta, load_split
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from machinery.c_kernels import C_TYPES, c_library, c_spline_product, c_spline_product_backward
+from kernels.c_kernels import C_TYPES, c_library, c_spline_product, c_spline_product_backward
 
 
 class FastEmbedder:

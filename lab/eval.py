@@ -32,19 +32,23 @@ that dataset only, since each log.jsonl is of its own run's val split.
 
 import argparse
 import math
+import os
 import re
 import sys
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
+
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import install_fast_paths
+from lab import tasks
+from lab.evaluation import check_args, labels, load_data, read_curve, scored_on, write_outputs
 from leviathan import GPT, Config
-from machinery import cli, devices, tasks
+from machinery import cli, devices
 from machinery.checkpoints import load_checkpoint
 from machinery.dataset import BUCKET_LOWER, BUCKETS, eval_windows, get_tokenizer, train_counts
-from machinery.evaluation import check_args, labels, load_data, read_curve, scored_on, write_outputs
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import install_fast_paths
 
 LAMBADA_RULE = """\
 LAMBADA-style task: the validation split is decoded with the checkpoints' tokenizer and cut into

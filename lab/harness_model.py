@@ -33,9 +33,10 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from machinery import cli, dataset, devices, tasks
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import install_fast_paths
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import install_fast_paths
+from lab import tasks
+from machinery import cli, dataset, devices
 
 log = logging.getLogger(__name__)
 

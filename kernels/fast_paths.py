@@ -35,7 +35,7 @@ import sys
 
 import torch
 
-from machinery.lean_head import lean_loss
+from kernels.lean_head import lean_loss
 
 # largest relative difference (max |fast - plain| / max |plain|, per tensor) that counts as float
 # noise, by the probe's dtype; docs/model.md has the measured noise (fp32: ~1e-6) and edits' sizes

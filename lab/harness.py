@@ -16,7 +16,10 @@ formats eval.py --task reads, prompted as the harness's own tasks are. Needs lm_
 0.4.13, the release harness.py asks for when an import fails).
 """
 
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
 
 from leviathan import GPT, Config
 from machinery import checkpoints, cli
@@ -28,7 +31,7 @@ try:  # lm_eval is optional; imported first, so that without it the error names 
     import lm_eval  # noqa: F401
     from lm_eval.api.registry import register_model
 
-    from machinery import harness
+    from lab import harness_model as harness
     cannot_import = None
 except ImportError as e:
     cannot_import = e

@@ -37,13 +37,15 @@ import time
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
+
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import check_lev, install_fast_paths
 from leviathan import EMBEDDINGS, GPT, LEV, Config
 from machinery import cli
 from machinery.cli import atomic_path
 from machinery.dataset import load_meta, load_split
 from machinery.devices import resolve_device
-from machinery.fast_lev import FastEmbedder
-from machinery.fast_paths import check_lev, install_fast_paths
 from train import make_optimizer
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
