@@ -1,9 +1,9 @@
 r"""
 Measure speed and memory of the arms, of LEV alone, and of generation.
 
-    python bench.py                                  # CPU, the small Tiny Shakespeare config
-    python bench.py --device=cuda --compile --n_layer=6 --n_head=6 --n_embd=384 --block_size=256 \
-        --batch_size=64
+    python lab/bench.py                                  # CPU, the small Tiny Shakespeare config
+    python lab/bench.py --device=cuda --compile --n_layer=6 --n_head=6 --n_embd=384 \
+        --block_size=256 --batch_size=64
 
 Three tables:
   1. training step (forward + backward + clip + AdamW step) per arm: ms/step, tokens/s, model FLOPs
@@ -75,7 +75,7 @@ def make_parser():
                    help="table 1: the loss from the memory-lean head (lean, what train.py uses), "
                         "from full logits (full), or both")
     p.add_argument("--lev_c_kernels", action=argparse.BooleanOptionalAction, default=True,
-                   help="table 1: LEV's C kernels on CPU (machinery/lev_kernels.c; "
+                   help="table 1: LEV's C kernels on CPU (kernels/lev_kernels.c; "
                         "--no-lev_c_kernels: torch's kernels); table 2 times all three")
     p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=True,
                    help="table 1, where the C kernels do not run: torch.compile LEV's torch "

@@ -2,7 +2,7 @@
 Compare trained checkpoints the way the paper does: Leviathan against the tied baseline, same
 backbone.
 
-    python eval.py out-tied out-lev [out-untied ...] [--plot=compare.png] [--json=compare.json]
+    python lab/eval.py out-tied out-lev [out-untied ...] [--plot=compare.png] [--json=compare.json]
 
 The first DIR is the baseline every other arm is compared with. Four measurements (five with
 --task), one table each:
@@ -20,7 +20,7 @@ The first DIR is the baseline every other arm is compared with. Four measurement
      --help).
   5. With --task=NAME:PATH (repeatable): zero-shot tasks from local files (LAMBADA, HellaSwag, PIQA,
      ARC, WinoGrande, or your own multiple choice), scored as lm-evaluation-harness does, in one
-     table with n and 95% intervals (machinery/tasks.py; the formats are at the end of --help).
+     table with n and 95% intervals (lab/tasks.py; the formats are at the end of --help).
 
 All checkpoints must share one tokenizer (docs/evaluation.md says why). They may come from
 different datasets (a model and its fine-tuned version): every run is scored on one dataset,
@@ -28,7 +28,7 @@ DATA_DIR/<dataset> (the first run's, or --dataset=NAME), with --data_dir (defaul
 to the working directory) meaning what it means to train.py; token efficiency compares the runs of
 that dataset only, since each log.jsonl is of its own run's val split.
 """
-# machinery/evaluation.py writes the tables, the figure and the JSON file.
+# lab/evaluation.py writes the tables, the figure and the JSON file.
 
 import argparse
 import math
@@ -122,7 +122,7 @@ def bucket_stats(losses, targets, counts):
 
 
 # --------------------------------------------------------------------------------------------------
-# 2. Token efficiency, from log.jsonl (read by machinery/evaluation.py's read_curve)
+# 2. Token efficiency, from log.jsonl (read by lab/evaluation.py's read_curve)
 
 
 def tokens_to_reach(curve, target_loss):
@@ -279,7 +279,7 @@ def parse_args(argv):
                    "per-bucket perplexity bars (needs matplotlib)")
     p.add_argument("--json", default=None, metavar="FILE", help="write every figure as JSON")
     p.add_argument("--plain", action="store_true", help="run the models exactly as leviathan.py "
-                   "writes them, without LEV's fast path (machinery/fast_paths.py): slower, the "
+                   "writes them, without LEV's fast path (kernels/fast_paths.py): slower, the "
                    "same figures")
     args = p.parse_args(argv)
     try:  # the flags argparse cannot check, refused before anything is loaded

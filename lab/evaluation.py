@@ -50,8 +50,8 @@ def check_args(args):
 # eval.py's one-line error when the runs' tokenizers differ: the rule, for whoever tries it
 TOKENIZER_RULE = ("perplexities per token and per-token buckets are not comparable across "
                   "tokenizers; zero-shot task accuracy is, but evaluate each run on its own "
-                  "(python eval.py RUN --task=...), since every run scores the same strings with "
-                  "its own tokenizer")
+                  "(python lab/eval.py RUN --task=...), since every run scores the same strings "
+                  "with its own tokenizer")
 
 
 def tokens_of(meta, vocab_size):

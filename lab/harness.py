@@ -1,10 +1,10 @@
 r"""
 Any lm-evaluation-harness task on a Leviathan run: lm_eval's own command line, with this project's
-model registered as "leviathan" (machinery/harness.py; docs/harness.md).
+model registered as "leviathan" (lab/harness_model.py; docs/harness.md).
 
-    python harness.py --model_args run=out-lev --include_path tasks \
+    python lab/harness.py --model_args run=out-lev --include_path tasks \
         --tasks local_hellaswag,local_arc --batch_size 16 --device cpu
-    python harness.py --model_args run=out-lev --tasks hellaswag --num_fewshot 5 \
+    python lab/harness.py --model_args run=out-lev --tasks hellaswag --num_fewshot 5 \
         --output_path results/   # a task of the harness's own, its data from the Hugging Face Hub
 
 Every flag is lm_eval's (the list follows); --model defaults to leviathan. --model_args: run=DIR

@@ -4,7 +4,7 @@ harness.py registers a subclass of it as the model "leviathan" (one that loads r
 its flags to lm_eval's own command line (run_cli). Each kind of request, and the plain path it is
 tested equal to (tests/test_harness.py; docs/harness.md):
 
-  - loglikelihood(context, continuation): machinery/tasks.py's encode_pair (the harness's token
+  - loglikelihood(context, continuation): lab/tasks.py's encode_pair (the harness's token
     boundary) and loglikelihoods (the last block_size + 1 tokens, the context cut from the left,
     rows of similar length batched): eval.py --task's figures;
   - loglikelihood_rolling(text): the harness's rolling windows (lm_eval.utils), the first token

@@ -1,6 +1,6 @@
 r"""Zero-shot tasks for eval.py --task: local files, scored as lm-evaluation-harness (v0.4) does.
 
-    python eval.py out-tied out-lev --task=lambada:lambada_test.jsonl \
+    python lab/eval.py out-tied out-lev --task=lambada:lambada_test.jsonl \
         --task=hellaswag:hellaswag_val.jsonl
 
 Each task is read from a local file in the format it is published in (TASK_FORMATS). An example is a

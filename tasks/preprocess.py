@@ -1,7 +1,7 @@
 """The document processing of the local task configs in this folder: each record is read by
-machinery/tasks.py's own reader of its format, the one eval.py --task uses, and handed to the
+lab/tasks.py's own reader of its format, the one eval.py --task uses, and handed to the
 harness as the fields its prompt lines read. So the harness scores the strings eval.py --task scores
-(the harness's own HellaSwag and WinoGrande prompts, as machinery/tasks.py writes them), and a row
+(the harness's own HellaSwag and WinoGrande prompts, as lab/tasks.py writes them), and a row
 eval.py refuses is refused here too; tests/test_harness.py checks it, example by example. AI2's
 nested ARC records become the fields of the harness's ARC copy (question, choices.text,
 choices.label, answerKey)."""

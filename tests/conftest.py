@@ -107,7 +107,7 @@ def make_tiny_encoding():
 
 def fast_path_check_running(monkeypatch):
     """A list that is non-empty while the fast paths' check at install runs (install_fast_paths's
-    check_fast_paths, machinery/fast_paths.py): it runs the model on its probes, and a test that
+    check_fast_paths, kernels/fast_paths.py): it runs the model on its probes, and a test that
     counts the model's calls leaves those out."""
     from kernels import fast_paths
 

@@ -210,7 +210,7 @@ def test_lean_head_equals_full_cross_entropy(arm, monkeypatch):
 def test_no_false_alarm_under_bf16_autocast(arm, n_embd):
     """The unedited model keeps every fast path on the GPU, installed as train.py (training mode,
     the lean head, LEV's compiled kernels) and sample.py (eval mode) install them, under bf16
-    autocast: the check (machinery/fast_paths.py) finds only float noise."""
+    autocast: the check (kernels/fast_paths.py) finds only float noise."""
     torch.manual_seed(0)
     config = Config(vocab_size=50257, block_size=256, n_layer=2, n_head=n_embd // 64,
                     n_embd=n_embd, embedding=arm)

@@ -1,7 +1,7 @@
 """What you edit is what runs: real edits of leviathan.py, each applied by text to a copy of the
 project; then train.py, sample.py and eval.py run with their defaults and with the plain path, and
 must agree. Every fast path that an edit leaves behind steps aside with one line; those it reaches
-stay on, silently (machinery/fast_paths.py). And the check itself: no false alarm on the
+stay on, silently (kernels/fast_paths.py). And the check itself: no false alarm on the
 unedited model, nothing it touches changed, a probe that fails falls back in one line.
 
 Run:  python -m pytest -q tests/test_edits.py

@@ -486,7 +486,7 @@ def test_runs_of_other_tokenizers_are_refused_with_the_rule(two_datasets, run_cl
         code, out, err = run_cli(ev.main, [*argv, "--lambada_max=0"])
         assert code == 2 and err.count("\n") == 1 and not out, (argv, err)
         assert err == f"eval.py: error: {message}\n" or message in err, (argv, err)
-    assert "zero-shot task accuracy is, but evaluate each run on its own (python eval.py RUN " \
+    assert "zero-shot task accuracy is, but evaluate each run on its own (python lab/eval.py RUN " \
         "--task=...)" in evaluation.TOKENIZER_RULE
 
 

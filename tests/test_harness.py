@@ -1,5 +1,5 @@
-"""Tests of harness.py and machinery/harness.py: lm-evaluation-harness's scores of a Leviathan run
-equal eval.py --task's (machinery/tasks.py), example by example.
+"""Tests of harness.py and lab/harness_model.py: lm-evaluation-harness's scores of a Leviathan run
+equal eval.py --task's (lab/tasks.py), example by example.
 
 Local files in five published formats are written here and read through tasks/'s own configs (their
 data_files pointed at these files): the prompts, log-likelihoods, acc, acc_norm and perplexity that
@@ -364,7 +364,7 @@ def test_an_edited_block_generates_as_written(lm_eval, char_run, capsys, monkeyp
 
 
 def test_the_command_line_scores_as_eval_py_task(lm_eval, world, char_run, tmp_path):
-    """python harness.py with the harness's usual flags: its table, its results file, and the
+    """python lab/harness.py with the harness's usual flags: its table, its results file, and the
     figures of eval.py --task. (Its start is lm_eval's: an index of the harness's own tasks.)"""
     _, files, configs, _, _ = world
     flags = ["--model_args", f"run={char_run}", "--include_path", str(configs), "--tasks",
@@ -410,8 +410,8 @@ def test_a_run_that_cannot_be_loaded_is_one_line(lm_eval, world, tmp_path):
 
 def test_without_lm_eval_one_line_says_how_to_install_it(tmp_path):
     """Runs with or without lm_eval installed: the child process cannot import it."""
-    hide = ("import runpy, sys; sys.modules['lm_eval'] = None; sys.argv = ['harness.py', "
-            "'--tasks', 'hellaswag']; runpy.run_path('harness.py', run_name='__main__')")
+    hide = ("import runpy, sys; sys.modules['lm_eval'] = None; sys.argv = ['lab/harness.py', "
+            "'--tasks', 'hellaswag']; runpy.run_path('lab/harness.py', run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr == ("harness.py: error: needs lm-evaluation-harness: pip install lm_eval "
@@ -484,7 +484,7 @@ def test_bad_task_configs_and_data_files_are_one_line(lm_eval, tmp_path):
 
 def test_an_lm_eval_without_a_helper_the_adapter_uses_is_one_line(lm_eval):
     hide = ("import runpy, sys; import lm_eval.models.utils as u; del u.normalize_gen_kwargs; "
-            "sys.argv = ['harness.py', '--tasks', 'x']; runpy.run_path('harness.py', "
+            "sys.argv = ['lab/harness.py', '--tasks', 'x']; runpy.run_path('lab/harness.py', "
             "run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
@@ -525,7 +525,7 @@ def test_the_first_recipe_of_harness_md(lm_eval, tmp_path):
                 "model_config": asdict(model.config), "meta": meta, "step": 0, "tokens_seen": 0},
                run / "ckpt.pt")
     command = first.replace("run=out-shakespeare-cpu-lev", f"run={run}")
-    command = command.replace("python harness.py", f"{sys.executable} harness.py")
+    command = command.replace("python lab/harness.py", f"{sys.executable} lab/harness.py")
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=ROOT, text=True,
                           capture_output=True, env={**os.environ, "HF_HOME": str(tmp_path / "hf")})
     assert done.returncode == 0, done.stderr[-2000:]

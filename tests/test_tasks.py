@@ -1,4 +1,4 @@
-"""Tests of machinery/tasks.py (zero-shot tasks) and eval.py --task, on small files in each format.
+"""Tests of lab/tasks.py (zero-shot tasks) and eval.py --task, on small files in each format.
 
 The files are written here, in each published format. Scoring logic is checked against a stub with
 GPT's interface whose log-probabilities are known (a bigram table), and against a tiny real GPT:
