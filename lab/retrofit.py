@@ -216,8 +216,8 @@ def true_or_false(text):
 
 
 def parse_args(argv):
-    p = cli.ArgumentParser(prog="retrofit.py", description=__doc__.strip(),
-                           formatter_class=HelpFormatter)
+    p = cli.ArgumentParser(prog="retrofit.py", description=__doc__.strip(), allow_abbrev=False,
+                           formatter_class=HelpFormatter)  # no --fit_step for --fit_steps
     p.add_argument("run", metavar="RUN", help="a tied or untied run: its directory (ckpt.pt) or a "
                    "checkpoint file")
     p.add_argument("--out", required=True, default=argparse.SUPPRESS, metavar="PATH",
