@@ -236,7 +236,7 @@ def eval_windows(n_tokens, block_size, max_windows=None):
     return starts
 
 
-# The frequency buckets of eval.py's table and of a retrofit's fit (machinery/retrofit.py); an id is
+# The frequency buckets of eval.py's table and of a retrofit's fit (lab/retrofit.py); an id is
 # in bucket i when its training count is in [BUCKET_LOWER[i], BUCKET_LOWER[i + 1])
 BUCKETS = ("unseen", "1-10", "11-100", "101-1k", "1k-10k", ">10k")
 BUCKET_LOWER = (0, 1, 11, 101, 1001, 10001)

@@ -1,34 +1,48 @@
-"""Retrofitting LEV onto a tied or untied run (train.py --init_from=RUN --embedding=lev,
-machinery/retrofit.py): the fit, the swap, the fine-tuning run after it, and the refusals (all
+"""Retrofitting LEV onto a tied or untied run (lab/retrofit.py): the fit, the swap, the checkpoint
+it writes and train.py's fine-tuning of it, the refusals, and docs/retrofit.md's recipe (all
 hermetic, CPU, tiny models on the char_data fixture)."""
 
-import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import test_train
 import torch
-from conftest import random_ids, tiny_lev, tiny_model
+from conftest import ROOT, copy_project, prepare_text, random_ids, tiny_lev, tiny_model
 from test_train import read_log
 
 import leviathan
 import sample
-import train
+from kernels.fast_lev import FastEmbedder
+from kernels.fast_paths import install_fast_paths
 from lab import eval as ev
-from machinery import checkpoints, dataset, retrofit
+from lab import retrofit
+from machinery import checkpoints, dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
-# test_train.py's tiny runs, with fewer progress lines and LEV's kernels eager
-RUN = ["--log_interval=5", "--lev_compile=False"]
-FIT = ["--embedding=lev", "--fit_steps=20", "--fit_batch=64", "--fit_lr=3e-3"]
+# LEV as test_train.py's tiny runs have it (so that train.py fine-tunes the checkpoint with its
+# TINY flags), and a short fit
+LEV = ["--lev_seed_dim=16", "--lev_heads=2", "--lev_rank=8", "--lev_knots=6"]
+FIT = ["--fit_steps=20", "--fit_batch=64", "--fit_lr=3e-3", "--log_interval=5"]
 
 
 def run_train(capsys, data, out, *args):
-    return test_train.run_train(capsys, data, out, *RUN, *args)
+    """train.py's tiny run (test_train.py's), with LEV's kernels eager."""
+    return test_train.run_train(capsys, data, out, "--log_interval=5", "--lev_compile=False",
+                                *args)
 
 
-def load(out):
-    return torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+def run_retrofit(run_cli, data, source, out, *args):
+    """lab/retrofit.py's main in-process -> (exit code, stdout, stderr)."""
+    return run_cli(retrofit.main, [source, f"--out={out}", f"--data_dir={data}", "--device=cpu",
+                                   *LEV, *FIT, *args])
+
+
+def load(path):
+    return torch.load(path, weights_only=True)
 
 
 @pytest.fixture
@@ -42,12 +56,21 @@ def source(tmp_path, char_data, capsys, request):
     return out
 
 
+@pytest.fixture
+def fitted(tmp_path, char_data, source, run_cli):
+    """The source retrofitted by lab/retrofit.py with LEV and FIT: the checkpoint's path."""
+    out = tmp_path / "retrofit.pt"
+    code, _, err = run_retrofit(run_cli, char_data, source, out)
+    assert code == 0, err
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # The fit, on LEV alone
 
 
-@pytest.mark.parametrize("loss", train.CHOICES["fit_loss"])
-@pytest.mark.parametrize("kind", train.CHOICES["fit_weights"])
+@pytest.mark.parametrize("loss", retrofit.FIT_LOSSES)
+@pytest.mark.parametrize("kind", retrofit.FIT_WEIGHTS)
 def test_the_fit_lowers_its_own_loss(loss, kind):
     lev = tiny_lev(kernels="torch")
     table = tiny_lev(seed=5, kernels=None).table() * 10  # a table that a LEV can represent
@@ -86,17 +109,6 @@ def test_bucket_report_averages_over_ids_and_over_tokens():
     assert len(lines) == 1 + len(dataset.BUCKETS) and "row norm" in lines[0]
 
 
-def test_a_frozen_lev_is_fitted_and_stays_frozen():
-    lev = tiny_lev(kernels="torch")
-    lev.requires_grad_(False)
-    start = {k: v.clone() for k, v in lev.state_dict().items()}
-    table = torch.randn(lev.vocab_size, lev.n_embd, dtype=torch.float64) * 0.02
-    weights = retrofit.id_weights("uniform", torch.ones(lev.vocab_size))
-    retrofit.fit(lev, table, weights, steps=3, lr=1e-2, batch=16, log=lambda line: None)
-    assert any(not torch.equal(start[k], v) for k, v in lev.state_dict().items())
-    assert not any(p.requires_grad for p in lev.parameters())
-
-
 def test_a_tied_table_becomes_a_head_of_its_own():
     tied, lev_model = tiny_model("tied", seed=0), tiny_model("lev", seed=1)
     table = retrofit.transplant(lev_model, tied.state_dict())
@@ -111,27 +123,29 @@ def test_a_tied_table_becomes_a_head_of_its_own():
 
 
 # --------------------------------------------------------------------------------------------------
-# train.py --init_from=RUN --embedding=lev
+# python lab/retrofit.py RUN --out=PATH
 
 
 @pytest.mark.parametrize("source", ["tied", "untied"], indirect=True)
 def test_the_swap_keeps_the_source_and_puts_lev_table_at_the_input(tmp_path, char_data, capsys,
-                                                                   source):
-    code, out, err = run_train(capsys, char_data, tmp_path / "rf", f"--init_from={source}", *FIT,
-                               "--max_iters=0")
+                                                                   source, run_cli):
+    code, out, err = run_retrofit(run_cli, char_data, source, tmp_path / "rf.pt")
     assert code == 0, err
     assert "retrofit: fitting LEV to the source's input table" in out
     assert "fit step 5/20 | loss" in out and "fit step 20/20 | loss" in out
     assert "over ids: rel error, cosine" in out and "  unseen " in out
-    src, rf = load(source), load(tmp_path / "rf")
+    assert f"--init_from={tmp_path / 'rf.pt'}" in out
+    src, rf = load(source / "ckpt.pt"), load(tmp_path / "rf.pt")
+    assert rf["version"] == checkpoints.CHECKPOINT_VERSION and rf["meta"] == src["meta"]
     assert rf["model_config"]["embedding"] == "lev" and rf["model_config"]["n_embd"] == 32
+    assert rf["model_config"]["lev_seed_dim"] == 16 and rf["step"] == src["step"] == 4
     # the backbone and the head are the source's, exactly
     head_key = "tok_emb.weight" if src["model_config"]["embedding"] == "tied" else "lm_head.weight"
     assert torch.equal(rf["model"]["lm_head.weight"], src["model"][head_key])
     backbone = [k for k in src["model"] if not k.startswith(("tok_emb.", "lm_head."))]
     assert backbone and all(torch.equal(rf["model"][k], src["model"][k]) for k in backbone)
     # the forward: the source's, with LEV.table() in place of its input table (float64)
-    lev_model, _ = checkpoints.load_checkpoint(tmp_path / "rf", leviathan.GPT, leviathan.Config)
+    lev_model, _ = checkpoints.load_checkpoint(tmp_path / "rf.pt", leviathan.GPT, leviathan.Config)
     table_config = {**src["model_config"], "embedding": "untied"}
     table_model = leviathan.GPT(leviathan.Config(**table_config)).eval()
     table_model.load_state_dict({**src["model"], "lm_head.weight": src["model"][head_key]})
@@ -143,34 +157,67 @@ def test_the_swap_keeps_the_source_and_puts_lev_table_at_the_input(tmp_path, cha
     expected, _ = table_model(x, torch.zeros_like(x))
     logits, _ = lev_model(x, torch.zeros_like(x))
     torch.testing.assert_close(logits, expected, rtol=1e-12, atol=1e-12)
-    # the origin and the fit's figures: in ckpt.pt and in the step-0 record
-    fitted = rf["origin"]["retrofit"]
-    assert rf["origin"]["embedding"] == src["model_config"]["embedding"]
+    # the fit's figures: printed, and in the checkpoint with its settings and source
+    figures = rf["retrofit"]
+    assert figures["source"] == str(source / "ckpt.pt")
+    assert figures["source_embedding"] == src["model_config"]["embedding"]
     assert {"fit_steps": 20, "fit_batch": 64, "fit_lr": 3e-3, "fit_loss": "cosine_norm",
-            "fit_weights": "counts"}.items() <= fitted.items()
-    assert 0 < fitted["loss"] and -1 <= fitted["cosine"] <= 1 and len(fitted["buckets"]) == 6
-    (record,) = read_log(tmp_path / "rf")
-    assert record["step"] == 0 and record["retrofit"] == fitted
-    assert ev.read_curve(str(tmp_path / "rf"), 0) == ([(0.0, record["val_loss"])], True)
+            "fit_weights": "counts"}.items() <= figures.items()
+    assert 0 < figures["loss"] and -1 <= figures["cosine"] <= 1 and len(figures["buckets"]) == 6
+    assert (f"loss {figures['loss']:.4f}, rel error {figures['rel_error']:.4f}, cosine "
+            f"{figures['cosine']:.4f}") in out
+    # train.py evaluates it as any checkpoint it fine-tunes: the model right after the swap
+    code, _, err = run_train(capsys, char_data, tmp_path / "swap", f"--init_from={tmp_path}/rf.pt",
+                             "--max_iters=0")
+    assert code == 0, err
+    (record,) = read_log(tmp_path / "swap")
+    assert record["step"] == 0 and record["init_from"] == str(tmp_path / "rf.pt")
+    assert ev.read_curve(str(tmp_path / "swap"), 0) == ([(0.0, record["val_loss"])], True)
 
 
-def test_the_retrofitted_run_fine_tunes_resumes_samples_and_evaluates(tmp_path, char_data, capsys,
-                                                                      source, run_cli):
-    whole = ["--eval_interval=2", "--lr_decay_iters=4", f"--init_from={source}", *FIT]
+def test_the_fit_is_the_recipe_and_follows_the_seed(tmp_path, char_data, source, fitted, run_cli):
+    """The script's model is this recipe's, tensor for tensor (the recipe train.py's retrofit
+    followed at f34d3d0): the seed, then a new lev model of RUN's architecture, RUN's backbone and
+    head, then the fit with a generator of its own on the training counts, through the fast path."""
+    src = load(source / "ckpt.pt")
+    config = {**src["model_config"], "embedding": "lev", "lev_seed_dim": 16, "lev_heads": 2,
+              "lev_rank": 8, "lev_knots": 6}
+    torch.manual_seed(1337)
+    model = leviathan.GPT(leviathan.Config(**config))
+    table = retrofit.transplant(model, src["model"])
+    install_fast_paths(model, lev=FastEmbedder())
+    train_tokens = dataset.load_split(char_data / "tiny_char", "train")
+    weights = retrofit.id_weights("counts", dataset.train_counts(train_tokens, len(table)))
+    retrofit.fit(model.tok_emb, table, weights, "cosine_norm", steps=20, lr=3e-3, batch=64,
+                 log=lambda line: None, seed=1337)
+    script = load(fitted)["model"]
+    assert script.keys() == model.state_dict().keys()
+    assert all(torch.equal(script[k], v) for k, v in model.state_dict().items())
+    code, _, err = run_retrofit(run_cli, char_data, source, tmp_path / "seed2.pt", "--seed=2")
+    assert code == 0, err
+    other = load(tmp_path / "seed2.pt")["model"]
+    assert not torch.equal(other["tok_emb.codebooks"], script["tok_emb.codebooks"])
+    assert torch.equal(other["lm_head.weight"], script["lm_head.weight"])
+
+
+def test_train_fine_tunes_resumes_samples_and_evaluates_it(tmp_path, char_data, capsys, source,
+                                                           fitted, run_cli):
+    whole = ["--eval_interval=2", "--lr_decay_iters=4", f"--init_from={fitted}"]
     assert run_train(capsys, char_data, tmp_path / "whole", *whole, "--max_iters=4")[0] == 0
     assert run_train(capsys, char_data, tmp_path / "split", *whole, "--max_iters=2")[0] == 0
     code, out, err = run_train(capsys, char_data, tmp_path / "split", "--init_from=resume",
                                "--max_iters=4", "--eval_interval=2")
     assert code == 0 and "resuming at step 2" in out and "fit step" not in out, err
+
     def losses(out):
         return [(r["step"], r["tokens"], r["train_loss"], r["val_loss"], r["lr"])
                 for r in read_log(out)]
 
     assert losses(tmp_path / "split") == losses(tmp_path / "whole")
-    assert ["retrofit" in r for r in read_log(tmp_path / "split")] == [True, False, False]
-    whole_ckpt, split_ckpt = load(tmp_path / "whole"), load(tmp_path / "split")
+    whole_ckpt, split_ckpt = (load(tmp_path / run / "ckpt.pt") for run in ("whole", "split"))
     assert all(torch.equal(whole_ckpt["model"][k], v) for k, v in split_ckpt["model"].items())
-    assert split_ckpt["origin"]["retrofit"]["fit_steps"] == 20 and split_ckpt["step"] == 4
+    assert split_ckpt["origin"]["checkpoint"] == str(fitted) and split_ckpt["step"] == 4
+    assert split_ckpt["model_config"]["embedding"] == "lev"
     assert split_ckpt["optimizer"]["state"][0]["step"] == 4  # a fresh optimizer at the swap
     samples = sample.main([f"--out_dir={tmp_path / 'split'}", "--device=cpu", "--num_samples=1",
                            "--max_new_tokens=5"])
@@ -181,74 +228,115 @@ def test_the_retrofitted_run_fine_tunes_resumes_samples_and_evaluates(tmp_path, 
     assert code == 0 and "| unseen | " in out, err
 
 
-def test_freeze_embedding_keeps_the_fitted_lev(tmp_path, char_data, capsys, source):
-    args = [f"--init_from={source}", *FIT]
-    assert run_train(capsys, char_data, tmp_path / "fit", *args, "--max_iters=0")[0] == 0
-    code, out, err = run_train(capsys, char_data, tmp_path / "ft", *args, "--max_iters=3",
-                               "--eval_interval=3", "--freeze=embedding", "--learning_rate=1e-2")
+def test_freeze_embedding_keeps_the_fitted_lev(tmp_path, char_data, capsys, fitted):
+    code, out, err = run_train(capsys, char_data, tmp_path / "ft", f"--init_from={fitted}",
+                               "--max_iters=3", "--eval_interval=3", "--freeze=embedding",
+                               "--learning_rate=1e-2")
     assert code == 0 and "(frozen: embedding)" in out, err
-    fitted, tuned = load(tmp_path / "fit")["model"], load(tmp_path / "ft")["model"]
-    lev_keys = [k for k in fitted if k.startswith("tok_emb.")]
-    assert lev_keys and all(torch.equal(fitted[k], tuned[k]) for k in lev_keys)
-    assert not torch.equal(fitted["lm_head.weight"], tuned["lm_head.weight"])
+    lev, tuned = load(fitted)["model"], load(tmp_path / "ft" / "ckpt.pt")["model"]
+    lev_keys = [k for k in lev if k.startswith("tok_emb.")]
+    assert lev_keys and all(torch.equal(lev[k], tuned[k]) for k in lev_keys)
+    assert not torch.equal(lev["lm_head.weight"], tuned["lm_head.weight"])
+
+
+def test_help_lists_every_flag(run_cli):
+    code, out, _ = run_cli(retrofit.main, ["--help"])
+    assert code == 0 and "usage: retrofit.py" in out
+    flags = ["--out", "--overwrite", "--data_dir", "--dataset", "--device", "--seed",
+             "--log_interval", "--fit_steps", "--fit_lr", "--fit_batch", "--fit_loss",
+             "--fit_weights"] + [f"--{f.name}" for f in retrofit.LEV_SETTINGS]
+    assert "--lev_knots" in flags and not [f for f in flags if not re.search(f"{f}\\b", out)]
+    assert "(default: 4096)" in out and "(default: cosine_norm)" in out
 
 
 @pytest.mark.parametrize("source", ["lev"], indirect=True)
-def test_a_lev_source_with_embedding_lev_is_a_plain_fine_tune(tmp_path, char_data, capsys, source):
-    code, out, err = run_train(capsys, char_data, tmp_path / "ft", f"--init_from={source}",
-                               "--embedding=lev", "--max_iters=1", "--eval_interval=1")
-    assert code == 0 and "fit step" not in out, err
-    ckpt = load(tmp_path / "ft")
-    assert "retrofit" not in ckpt["origin"] and "retrofit" not in read_log(tmp_path / "ft")[0]
-
-
-def test_refusals_are_one_line(tmp_path, char_data, bpe_data, capsys, source):
-    src = f"--init_from={source}"
+def test_refusals_are_one_line(tmp_path, char_data, bpe_data, capsys, source, run_cli):
+    lev_source = source
+    tied = tmp_path / "src-tied"
+    assert run_train(capsys, char_data, tied, "--embedding=tied", "--max_iters=1")[0] == 0
+    (tmp_path / "exists.pt").write_bytes(b"")
     cases = [
-        ([src, "--embedding=lev", f"--data_dir={bpe_data}", "--dataset=tiny_bpe"],
+        (lev_source, [], "is a lev model already: nothing to retrofit"),
+        (tmp_path / "none", [], "no checkpoint at"),
+        (tied, [f"--data_dir={bpe_data}", "--dataset=tiny_bpe"],
          "was trained on char tokens (vocab_size 36), but"),
-        ([src, "--embedding=lev", "--n_embd=64"],
-         "has n_embd=32, this run asks for 64; fine-tuning keeps the source's architecture"),
-        ([src, "--embedding=untied"], "has embedding='tied', this run asks for 'untied'"),
-        ([src, "--fit_steps=5"], "fit_steps=5 applies to a retrofit"),
-        (["--fit_loss=mse"], "fit_loss=mse applies to a retrofit"),
-        ([src, "--embedding=lev", "--fit_lr=0"], "fit_lr=0.0 must be > 0"),
-        ([src, "--embedding=lev", "--fit_weights=often"], "fit_weights"),
-        ([f"--out_dir={source}", "--init_from=resume", "--fit_steps=5"],
-         "a resumed run does not fit again"),
+        (tied, ["--dataset=missing"], "no prepared dataset in"),
+        (tied, ["--fit_lr=0"], "--fit_lr=0.0 must be a finite number > 0"),
+        (tied, ["--fit_lr=nan"], "--fit_lr=nan must be a finite number > 0"),
+        (tied, ["--fit_steps=-1"], "--fit_steps=-1 must be >= 0"),
+        (tied, ["--fit_batch=0"], "--fit_batch=0 must be in [1, 2^31)"),
+        (tied, ["--fit_batch=2147483648"], "--fit_batch=2147483648 must be in [1, 2^31)"),
+        (tied, ["--fit_weights=often"], "fit_weights"),
+        (tied, ["--fit_loss=l1"], "fit_loss"),
+        (tied, ["--seed=-1"], "--seed=-1 must be in [0, 2^63)"),
+        (tied, ["--log_interval=0"], "--log_interval=0 must be at least 1"),
+        (tied, ["--lev_knots=2"], "lev_knots=2 must be at least 3"),
+        (tied, ["--lev_normalize_basis=yes"], "'yes' is not True or False"),
+        (tied, ["--fit_step=5"], "unrecognized arguments: --fit_step=5"),
+        (tied, [f"--out={tmp_path / 'exists.pt'}"], "already exists; give another path, or pass "
+         "--overwrite"),
+        (tied, [f"--out={tied / 'ckpt.pt'}", "--overwrite"], "is RUN's own checkpoint"),
+        (tied, [f"--out={tmp_path}"], "is a directory; give a file name"),
     ]
-    for args, message in cases:
-        code, _, err = run_train(capsys, char_data, tmp_path / "rf", *args)
+    for run, args, message in cases:
+        code, _, err = run_retrofit(run_cli, char_data, run, tmp_path / "rf.pt", *args)
         assert code == 2 and err.count("\n") == 1 and message in err, (args, err)
+        assert "Traceback" not in err and not (tmp_path / "rf.pt").exists(), args
+    code, _, err = run_cli(retrofit.main, [tied, f"--data_dir={char_data}"])
+    assert code == 2 and "--out" in err and err.count("\n") == 1
 
 
-# --------------------------------------------------------------------------------------------------
-# A run that stops before its first save strands nothing
-
-
-def test_a_fit_stopped_or_failed_before_the_first_save_strands_nothing(tmp_path, char_data, capsys,
-                                                                      source, monkeypatch):
+def test_a_fit_stopped_or_failed_writes_nothing(tmp_path, char_data, source, run_cli,
+                                                monkeypatch):
     """Ctrl-C during the fit stops in one line; a fit that diverges is refused in one line; after
-    either, out_dir holds a log.jsonl but no checkpoint, which is not a run: the same command
-    starts again and works, and --init_from=resume says there is nothing to resume."""
-    out = tmp_path / "retrofit"
-    args = [f"--init_from={source}", *FIT, "--max_iters=2", "--eval_interval=2"]
-    fit = retrofit.fit
+    either, --out does not exist and the same command works. A second time, --out exists: refused
+    unless --overwrite."""
+    out, fit = tmp_path / "rf.pt", retrofit.fit
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(retrofit, "fit", interrupted)
-    code, _, err = run_train(capsys, char_data, out, *args)
-    assert code == 130 and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("train.py: stopped (Ctrl-C); no checkpoint was saved yet: the same "
-                          "command starts the run again")
-    assert (out / "log.jsonl").exists() and not (out / "ckpt.pt").exists()
+    code, _, err = run_retrofit(run_cli, char_data, source, out)
+    assert code == 130 and err == "retrofit.py: stopped (Ctrl-C); nothing was written\n"
     monkeypatch.setattr(retrofit, "fit", fit)
-    code, _, err = run_train(capsys, char_data, out, *args, "--fit_lr=1e9")
+    code, _, err = run_retrofit(run_cli, char_data, source, out, "--fit_lr=1e9")
     assert code == 2 and "lower --fit_lr" in err and err.count("\n") == 1
-    code, _, err = run_train(capsys, char_data, out, "--init_from=resume")
-    assert code == 2 and "holds no ckpt.pt to resume" in err and err.count("\n") == 1
-    code, _, err = run_train(capsys, char_data, out, *args)
-    assert code == 0, err
-    assert [r["step"] for r in read_log(out)] == [0, 2]
+    assert list(tmp_path.glob("rf.pt*")) == []  # not even a temporary file
+    assert run_retrofit(run_cli, char_data, source, out)[0] == 0
+    first = load(out)["model"]
+    code, _, err = run_retrofit(run_cli, char_data, source, out, "--seed=2")
+    assert code == 2 and "already exists" in err
+    assert run_retrofit(run_cli, char_data, source, out, "--seed=2", "--overwrite")[0] == 0
+    assert not torch.equal(load(out)["model"]["tok_emb.codebooks"], first["tok_emb.codebooks"])
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/retrofit.md's recipe, run from a copy of the project's root
+
+
+def test_the_recipe_of_docs_retrofit(tmp_path, text):
+    page = (Path(ROOT) / "docs" / "retrofit.md").read_text(encoding="utf-8")
+    [recipe] = [r for r in re.findall(r"```bash\n(.*?)```", page, re.S) if "lab/retrofit.py" in r]
+    copy = copy_project(tmp_path / "copy", ["leviathan.py", "train.py", "sample.py", "lab",
+                                            "kernels", "machinery", "config"])
+    tiny = [f for f in test_train.TINY if not f.startswith(("--device", "--log_interval"))]
+    (copy / "config" / "shakespeare_cpu.py").write_text(
+        "".join(f"{f[2:].split('=')[0]} = {f.split('=')[1]}\n" for f in tiny))
+    prepare_text(text, "char", str(copy / "data" / "shakespeare"), "shakespeare", "synthetic")
+    subprocess.run([sys.executable, "train.py", "config/shakespeare_cpu.py", "--embedding=tied",
+                    "--max_iters=2", "--eval_interval=2", "--lev_compile=False",
+                    "--out_dir=out-shakespeare-cpu-tied"], cwd=copy,
+                   check=True, capture_output=True, timeout=300)
+    for old, new in [("--out=retrofit-tied.pt", "--out=retrofit-tied.pt --fit_steps=5 "
+                      f"--fit_batch=64 {' '.join(LEV)}"), ("--max_iters=100 --lr_decay_iters=100",
+                                                           "--max_iters=2 --lr_decay_iters=2")]:
+        assert old in recipe, old
+        recipe = recipe.replace(old, new)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", recipe], cwd=copy,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert load(copy / "retrofit-tied.pt")["retrofit"]["fit_steps"] == 5
+    assert [r["step"] for r in read_log(copy / "out-retrofit-tied")] == [0]
+    assert [r["step"] for r in read_log(copy / "out-retrofit-tied-ft")][-1] == 2
+    assert "out-retrofit-tied-ft" in done.stdout
