@@ -1,193 +1,198 @@
 """
-Prepare a corpus for train.py: tokenize it, split it into train and val, write
-data/NAME/{train,val}.bin + meta.json.
+Prepare a text for train.py, as nanoGPT's prepare.py does: tokenize it, split it into train and
+val, write data/NAME/{train,val}.bin + meta.json.
 
-    # Tiny Shakespeare (downloaded), GPT-2 BPE
-    python prepare_data.py shakespeare
-    # the same text, one token per character
-    python prepare_data.py shakespeare_char
-    # a local copy instead of the download
-    python prepare_data.py shakespeare --input=path/to/input.txt
-    # any UTF-8 file, any tiktoken encoding
-    python prepare_data.py mytext --input=my.txt --tokenizer=o200k_base
-    # a corpus: a directory, a glob, .jsonl
-    python prepare_data.py stories --input=stories/ --tokenizer=o200k_base
+    python prepare_data.py shakespeare                    # Tiny Shakespeare (downloaded), GPT-2 BPE
+    python prepare_data.py shakespeare_char               # the same text, one token per character
+    python prepare_data.py shakespeare --input=input.txt  # offline: a local copy, sha256-checked
+    python prepare_data.py mytext --input=my.txt --tokenizer=o200k_base  # any UTF-8 text file
 
-What --input can be:
-  one text file  one document, split as in nanoGPT: the first 90% of its characters to train, the
-                 rest to val, each part tokenized on its own, no end-of-text token. The only input
-                 char-level accepts.
-  a corpus       a directory (searched recursively for .txt, .jsonl, .parquet and their .gz forms
-                 except .parquet; hidden names skipped), a glob such as "shards/*.jsonl.gz" (every
-                 file it matches), or one .jsonl or .parquet file. A text file is one document, a
-                 .jsonl line or a Parquet row is one (its --text_field); empty ones are skipped.
-                 Files are read in sorted order, every document is followed by one <|endoftext|> of
-                 the encoding, and whole documents go to val (a fixed, seeded 10%).
-The input is streamed: memory stays bounded whatever its size. Tokenizing runs on --workers
-processes, and the .bin files are the same whatever their number. The dataset is written into
-DATA_DIR/.NAME.tmpPID and moved into DATA_DIR/NAME only when complete, so an interrupted or failed
-run leaves the old dataset (or none), never half one.
-
-The format (train.py, sample.py and eval.py read it with machinery/dataset.py's get_tokenizer,
-load_meta, load_split):
-  train.bin, val.bin  the token ids, flat, uint16 (uint32 when the vocabulary has more than 65,536
-                      ids)
-  meta.json           {"dataset", "tokenizer": "gpt2" | "char" | <tiktoken encoding>, "vocab_size",
-                       "dtype", "train_tokens", "val_tokens", "chars" (char-level only: the
-                       vocabulary in id order), "source", "eot_token" (the id after each document;
-                       null for one text file), "train_documents", "val_documents", "split" (how),
-                       "text_field" (.jsonl, Parquet), "inputs": [{"name", "bytes", "sha256"}, ...]}
-
-Importing this file has no side effects and loads no torch: numpy and tiktoken only, as in nanoGPT.
-The corpus pipeline is machinery/corpus.py (its readers: machinery/corpus_readers.py). The reading
-side named above (get_tokenizer, load_meta, load_split, and eval_windows) is machinery/dataset.py.
+The split is nanoGPT's: the first 90% of the characters to train, the rest to val, each part
+tokenized on its own. The text is read whole into memory (Tiny Shakespeare: 1 MB); corpora (a
+directory, a glob, .jsonl, Parquet, .gz) and texts bigger than memory go to `python
+lab/prepare_corpus.py NAME --input=PATH`, which streams them (one text file: the same files).
+train.bin and val.bin hold the token ids, flat, uint16 (uint32 past 65,536 ids); meta.json's keys
+are described in docs/data.md. numpy and tiktoken only: no torch, nothing else of the project.
 """
 
 import argparse
+import contextlib
+import hashlib
+import json
 import os
 import re
 import sys
-import time
 import urllib.request
 
-from machinery.cli import ArgumentParser, fail, write_atomic
-from machinery.corpus import prepare_files
-from machinery.corpus_readers import file_sha256
-from machinery.dataset import KNOWN_DATASETS  # the named datasets: their url, sha256 and tokenizer
+import numpy as np
+import tiktoken
+
+# The named datasets: Tiny Shakespeare and its default tokenizers. Downloaded once, sha256-checked.
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+DATASETS = {"shakespeare": "gpt2", "shakespeare_char": "char"}
+TRAIN_FRACTION = 0.9  # nanoGPT's split
 
 # --------------------------------------------------------------------------------------------------
-# The named datasets: downloaded once, their sha256 checked. KNOWN_DATASETS lives with the reader
-# (machinery/dataset.py), whose error messages name the command that prepares a dataset.
+# A text: downloaded or given, read, tokenized, split, written
 
 
-def download(name, url, path, sha256):
-    """Download dataset `name` from url to path (once: an existing file with the right sha256 is
-    reused)."""
-    if os.path.isfile(path) and file_sha256(path) == sha256:
-        return
-    print(f"downloading {url}")
+def download(name, path):
+    """Tiny Shakespeare to path, once (a file already there with the right sha256 is reused)."""
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() == SHA256:
+                return
+    print(f"downloading {URL}")
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with urllib.request.urlopen(URL, timeout=30) as response:
             data = response.read()
     except OSError as e:  # URLError, timeouts, ... are all OSError
-        raise ConnectionError(f"could not download {url} ({e}); offline, pass a local copy of the "
-                              f"file: python prepare_data.py {name} "
-                              f"--input=path/to/input.txt") from None
-
+        raise ConnectionError(f"could not download {URL} ({e}); offline, give a local copy: "
+                              f"python prepare_data.py {name} --input=path/to/input.txt") from None
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_atomic(path, data)
+    write_files({path: data})
+
+
+def read_text(name, path, sha256=None):
+    """The UTF-8 text of file `path` -> (text, its record for meta.json). A corpus is refused,
+    naming the command that prepares it, and so is a FIFO or a device (a read may wait forever)."""
+    if (os.path.isdir(path) or path.lower().endswith((".jsonl", ".parquet", ".gz"))
+            or (not os.path.exists(path) and any(c in path for c in "*?["))):  # or a glob
+        raise ValueError(f"--input={path} is a corpus (a directory, a glob, .jsonl, .parquet or "
+                         f".gz); prepare it with: python lab/prepare_corpus.py {name} "
+                         f"--input='{path}'")
+    if not os.path.isfile(path):  # missing, a broken link, a FIFO, a device
+        raise FileNotFoundError(f"--input={path}: no such file, or not a regular one")
+    with open(path, "rb") as f:
+        data = f.read()
+    found = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and found != sha256:
+        raise ValueError(f"{path} is not the expected file: its sha256 is {found}, expected "
+                         f"{sha256}")
+    try:
+        text = data.decode("utf-8")  # bytes, not text mode: "\r\n" stays two characters
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}, line {line:,}: not UTF-8 text (byte {e.start:,}: "
+                         f"{data[e.start:e.start + 4]!r}); convert the file to UTF-8") from None
+    return text, {"name": path, "bytes": len(data), "sha256": found}
+
+
+def load_tokenizer(name):
+    """"char", or tiktoken's encoding `name` (downloaded once into TIKTOKEN_CACHE_DIR, if set)."""
+    names = tiktoken.list_encoding_names()
+    if name != "char" and name not in names:
+        raise ValueError(f"unknown tokenizer {name!r}; use char or a tiktoken encoding: "
+                         f"{', '.join(names)}")
+    try:
+        return name if name == "char" else tiktoken.get_encoding(name)
+    except Exception as e:  # offline with nothing cached, a corrupt cache file, ...
+        raise ValueError(f"tiktoken encoding {name!r} could not be loaded ({type(e).__name__}): "
+                         f"offline, set TIKTOKEN_CACHE_DIR to a folder that holds it") from None
+
+
+def prepare(path, tokenizer, out_dir, dataset, source, sha256=None):
+    """Tokenize the text file at path into out_dir -> meta. tokenizer: "char", or a tiktoken
+    Encoding or its name; special tokens (<|endoftext|>) are encoded as text."""
+    text, record = read_text(dataset, path, sha256)  # first: a bad input says so, offline too
+    tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    print(f"length of dataset in characters: {len(text):,}")
+    if tokenizer == "char":
+        chars = "".join(sorted(set(text)))
+        print(f"all the unique characters: {chars!r}")
+        stoi = {c: i for i, c in enumerate(chars)}
+        name, vocab_size, encode = "char", len(chars), lambda s: [stoi[c] for c in s]
+    else:
+        name, vocab_size, encode = tokenizer.name, tokenizer.n_vocab, tokenizer.encode_ordinary
+    dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+    n = int(len(text) * TRAIN_FRACTION)
+    splits = {"train": np.array(encode(text[:n]), dtype), "val": np.array(encode(text[n:]), dtype)}
+    for split, ids in splits.items():
+        if len(ids) < 2:  # one input and its target: the least that gives train.py one window
+            raise ValueError(f"{source} is too short: one text gave {len(ids)} {split} tokens, and "
+                             f"a split needs at least 2 (one input and its target); use more text")
+    meta = {"dataset": dataset, "tokenizer": name, "vocab_size": vocab_size, "dtype": dtype.name,
+            "train_tokens": len(splits["train"]), "val_tokens": len(splits["val"]),
+            **({"chars": chars} if name == "char" else {}), "source": source,
+            "split": {"by": "characters", "train_fraction": TRAIN_FRACTION}, "inputs": [record],
+            "eot_token": None, "train_documents": 1, "val_documents": 1}  # as a corpus has them
+    os.makedirs(out_dir, exist_ok=True)
+    files = {os.path.join(out_dir, f"{split}.bin"): ids.tobytes() for split, ids in splits.items()}
+    write_files(files | {os.path.join(out_dir, "meta.json"): json.dumps(meta, indent=2) + "\n"})
+    return meta
+
+
+def write_files(contents):
+    """Write {path: bytes or str}, each to path.tmpPID first, synced; then remove the last path and
+    move the files into place in order. An error or Ctrl-C while writing leaves every old file
+    whole, and no temp file; while moving (milliseconds) the folder lacks meta.json, which readers
+    take for "not prepared", never a mix of old and new files."""
+    temps = {path: f"{path}.tmp{os.getpid()}" for path in contents}
+    try:
+        for path, data in contents.items():
+            with open(temps[path], "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+                f.flush()
+                os.fsync(f.fileno())  # on disk before the rename, so a crash never keeps half
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(list(contents)[-1])  # meta.json: "not prepared" until the new one is in
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+    finally:
+        for tmp in temps.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
 
 # --------------------------------------------------------------------------------------------------
 # Command line
 
 
-def parse_args(argv):
-    parser = ArgumentParser(
-        prog="prepare_data.py", description=__doc__.split("\n\nImporting")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"Known datasets (downloaded unless --input is given): {', '.join(KNOWN_DATASETS)}. "
-        "Any other NAME needs --input.")
-    parser.add_argument("name", nargs="?",
-                        help="dataset name: the folder DATA_DIR/NAME, and train.py's --dataset")
-    parser.add_argument("--input", metavar="PATH",
-                        help="a UTF-8 text file, a directory or a glob of .txt/.jsonl/.parquet "
-                        "(.gz) files (for a known dataset: a local copy of its file, "
-                        "sha256-checked)")
-    parser.add_argument("--tokenizer", metavar="NAME",
-                        help="char, gpt2, or any tiktoken encoding, e.g. o200k_base (default: the "
-                        "known dataset's, else gpt2)")
-    parser.add_argument("--text_field", default="text", metavar="NAME",
-                        help="the text of a .jsonl record or a Parquet row (default: text)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count(), metavar="N",
-                        help="tokenizing processes (default: all cores); the result does not "
-                        "depend on it")
-    parser.add_argument("--data_dir", default="data", metavar="DIR",
-                        help="folder that holds the datasets (default: data)")
-    return parser.parse_args(argv)
-
-
-def check_args(args):
-    """One-line errors for arguments that argparse accepts."""
-    if args.tokenizer == "":
-        raise ValueError("--tokenizer is empty; give char, gpt2 or a tiktoken encoding such as "
-                         "o200k_base")
-    if args.workers < 1:
-        raise ValueError(f"--workers={args.workers}; give at least 1")
-    if args.name is None:
-        raise ValueError("no dataset name; e.g. python prepare_data.py shakespeare")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name) or args.name in (".", ".."):
-        raise ValueError(f"dataset name {args.name!r} must be a plain folder name (letters, "
-                         f"digits, _ . -)")
-    if args.name not in KNOWN_DATASETS and args.input is None:
-        raise ValueError(f"unknown dataset {args.name!r} (known: {', '.join(KNOWN_DATASETS)}); to "
-                         f"prepare your own text: python prepare_data.py {args.name} "
-                         f"--input=path/to/text.txt")
-
-
-def run(args):
-    """Prepare the dataset the arguments name -> (meta, out_dir)."""
-    known = KNOWN_DATASETS.get(args.name)
-    tokenizer = args.tokenizer
-    if tokenizer is None:
-        tokenizer = known["tokenizer"] if known else "gpt2"
-    out_dir = os.path.join(args.data_dir, args.name)
-    sha256 = known["sha256"] if known else None
-    spec, source = args.input, args.input
-    if spec is None:  # a known dataset: download it once, next to its .bin files
-        spec, source = os.path.join(out_dir, "input.txt"), known["url"]
-        download(args.name, known["url"], spec, sha256)
-    meta = prepare_files(spec, tokenizer, out_dir, args.name, source, args.text_field, args.workers,
-                         sha256, show_progress=True)
-    return meta, out_dir
-
-
-def peak_memory_mib():
-    """Peak resident memory of this process and of its largest ended child (a tokenizing worker; 0
-    without one), in MiB, from getrusage (ru_maxrss counts KiB on Linux, bytes on macOS); (None,
-    None) on Windows, which has no resource module."""
-    try:
-        import resource
-    except ImportError:
-        return None, None
-    unit = 2**20 if sys.platform == "darwin" else 1024
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // unit,
-            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // unit)
-
-
-def print_summary(meta, out_dir, seconds):
-    """What nanoGPT's prepare.py prints (the counts), and where the dataset went."""
-    if meta["tokenizer"] == "char":
-        print(f"all the unique characters: {meta['chars']!r}")
-    print(f"tokenizer: {meta['tokenizer']}, vocab size: {meta['vocab_size']:,}, "
-          f"dtype: {meta['dtype']}")
-    if meta["split"]["by"] == "documents":
-        print(f"documents: {meta['train_documents']:,} train, {meta['val_documents']:,} val, each "
-              f"followed by <|endoftext|> ({meta['eot_token']})")
-    print(f"train has {meta['train_tokens']:,} tokens")
-    print(f"val has {meta['val_tokens']:,} tokens")
-    main, worker = peak_memory_mib()
-    memory = f", peak memory {main} MiB" if main else ""
-    memory += f" (+ {worker} MiB per worker)" if worker else ""
-    print(f"wrote {out_dir}/train.bin, val.bin, meta.json in {seconds:.1f} s{memory}")
+def fail(message):  # bad input: one line on stderr, exit code 2, no traceback
+    print(f"prepare_data.py: error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    parser = argparse.ArgumentParser(prog="prepare_data.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.error = lambda message: fail(f"{message} (see --help)")  # one line, not the usage
+    parser.add_argument("name", help=f"{' or '.join(DATASETS)}, or any name with --input: "
+                        "the folder DATA_DIR/NAME, and train.py's --dataset")
+    parser.add_argument("--input", metavar="FILE", help="a UTF-8 text file (for a named "
+                        "dataset: a local copy of its file, sha256-checked)")
+    parser.add_argument("--tokenizer", metavar="NAME", help="char, gpt2 or any tiktoken "
+                        "encoding, e.g. o200k_base (default: the named dataset's, else gpt2)")
+    parser.add_argument("--data_dir", default="data", metavar="DIR",
+                        help="folder that holds the datasets (default: data)")
+    args = parser.parse_args(argv)
+    out_dir = os.path.join(args.data_dir, args.name)
     try:
-        check_args(args)
-        start = time.perf_counter()
-        meta, out_dir = run(args)
-    except (OSError, ValueError) as e:  # FileNotFoundError and ConnectionError are OSErrors
-        fail("prepare_data.py", e)
-    except MemoryError:  # e.g. a .jsonl line of many GB, read whole
-        fail("prepare_data.py", "out of memory (a document larger than the memory left?); split "
-             "the input, or use fewer --workers")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name) or args.name in (".", ".."):
+            raise ValueError(f"dataset name {args.name!r} must be a plain folder name (letters, "
+                             f"digits, _ . -)")
+        if args.name not in DATASETS and args.input is None:
+            raise ValueError(f"unknown dataset {args.name!r} (known: {', '.join(DATASETS)}); to "
+                             f"prepare your own text: python prepare_data.py {args.name} "
+                             f"--input=path/to/text.txt")
+        path = args.input or os.path.join(out_dir, "input.txt")  # downloaded beside the .bin files
+        if args.input is None:
+            download(args.name, path)
+        sha256 = SHA256 if args.name in DATASETS else None
+        tokenizer = DATASETS.get(args.name, "gpt2") if args.tokenizer is None else args.tokenizer
+        meta = prepare(path, tokenizer, out_dir, args.name, args.input or URL, sha256)
+    except (OSError, ValueError) as e:  # a missing file, no network, bad bytes, ...
+        fail(e)
+    except MemoryError:
+        fail(f"out of memory; a text this large streams: python lab/prepare_corpus.py {args.name} "
+             f"--input={path}")
     except KeyboardInterrupt:
-        print(f"interrupted: {os.path.join(args.data_dir, args.name or '')} is as it was",
-              file=sys.stderr)
+        print(f"interrupted: {out_dir} is as it was", file=sys.stderr)
         sys.exit(130)
-    print_summary(meta, out_dir, time.perf_counter() - start)
+    print(f"tokenizer: {meta['tokenizer']}, vocab size: {meta['vocab_size']:,}, "
+          f"dtype: {meta['dtype']}\ntrain has {meta['train_tokens']:,} tokens\n"
+          f"val has {meta['val_tokens']:,} tokens\nwrote {out_dir}/train.bin, val.bin, meta.json")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 # The paper's comparison at the smallest scale where it can plausibly show, on one 80 GB GPU (H100
 # class): o200k_base (the paper's tokenizer family, V = 200,019), FineWeb-Edu text, a backbone of
 # 26M parameters.
-#   python prepare_data.py fineweb_edu_o200k --input='fineweb-edu/sample/10BT/*.parquet' \
+#   python lab/prepare_corpus.py fineweb_edu_o200k --input='fineweb-edu/sample/10BT/*.parquet' \
 #       --tokenizer=o200k_base
 #   python train.py config/fineweb_gpu.py                     # Leviathan -> out-fineweb-gpu-lev/
 #   python train.py config/fineweb_gpu.py --embedding=tied    # baseline: same batches, val tokens

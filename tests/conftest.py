@@ -4,6 +4,7 @@ one_thread; and spoil_training_loss, a divergence injected at a known training s
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -22,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the project's scripts import as modules: prepare_data, train, leviathan
 
 import leviathan  # noqa: E402
-from machinery import corpus  # noqa: E402
+import prepare_data  # noqa: E402
 
 
 def make_text(n_lines=400, seed=0):
@@ -157,6 +158,20 @@ def run_cli(capsys):
 
 
 @pytest.fixture
+def fails_after_a_minute():
+    """A test that could hang where the code is wrong (a walk into 2**40 paths, a FIFO opened to
+    read) fails instead."""
+    def fail(*_):
+        pytest.fail("still running after 60 s: a walk that does not end, or a read that waits")
+
+    previous = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
 def one_thread():
     """Torch on one thread, restored afterwards so that other test files are unaffected. Tiny models
     gain nothing from threads, and on a busy machine OpenMP's waiting threads make them 10-100x
@@ -209,15 +224,15 @@ def tiny_encoding():
     return make_tiny_encoding()
 
 
-def prepare_text(text, tokenizer, out_dir, dataset, source, workers=1):
+def prepare_text(text, tokenizer, out_dir, dataset, source):
     """Prepare a text (one document, split by characters as nanoGPT's) into out_dir as
-    prepare_data.py --input=FILE does, from a file named source in a folder of its own -> meta."""
+    prepare_data.py --input=FILE does, from a file named source in a folder of its own -> meta.
+    tokenizer: "char" or a tiktoken.Encoding (an in-process one, e.g. tiny_encoding)."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, source)
         with open(path, "w", encoding="utf-8", newline="") as f:
             f.write(text)
-        return corpus.prepare_files(path, tokenizer, out_dir, dataset, source=source,
-                                    workers=workers)
+        return prepare_data.prepare(path, tokenizer, out_dir, dataset, source)
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
-"""The corpus pipeline of prepare_data.py: tokenize on worker processes, split, write a dataset.
+"""lab/prepare_corpus.py's pipeline: tokenize on worker processes, split, write a dataset.
 
-prepare_files(spec, ...) prepares --input: machinery/corpus_readers.py lists and reads the files as
+prepare_files(spec, ...) prepares --input: lab/corpus_readers.py lists and reads the files as
 work items, tokenize_item tokenizes each (on --workers processes, the results kept in input order,
 so the .bin files are the same whatever their number), write_tokens sends each document to train or
 val, and DatasetWriter writes the files into a temporary folder that becomes DATA_DIR/NAME only when
-complete. The format is described in prepare_data.py's docstring; machinery/dataset.py reads it.
-numpy and tiktoken only: no torch.
+complete. The format is prepare_data.py's (its docstring describes it); machinery/dataset.py reads
+it. numpy and tiktoken only: no torch.
 """
 
 import collections
@@ -21,8 +21,7 @@ import time
 
 import numpy as np
 
-from machinery.cli import one_line, parse_json, pid_alive
-from machinery.corpus_readers import (
+from lab.corpus_readers import (
     Corpus,
     decoded_blocks,
     file_kind,
@@ -33,6 +32,7 @@ from machinery.corpus_readers import (
     single_text_items,
     skipped_note,
 )
+from machinery.cli import one_line, parse_json, pid_alive
 from machinery.dataset import UINT16_VOCAB, CharTokenizer, TiktokenTokenizer, load_encoding
 
 # One text: its first 90% of characters to train; a corpus: each document with probability 0.9.
@@ -361,23 +361,20 @@ def write_dataset(items, tok, out_dir, meta, eot_token=None, workers=1, text_fie
 
 
 def prepare_files(spec, tokenizer, out_dir, dataset, source=None, text_field="text", workers=1,
-                  sha256=None, show_progress=False):
+                  show_progress=False):
     """Prepare the files of --input `spec` (a file, a directory or a glob: list_inputs, whose
-    skipped paths are one note on stderr) into out_dir; returns meta. One text file is split by
-    characters (prepare_one_text); anything else is a corpus of documents. sha256: the one text
-    file's expected sha256 (a known dataset)."""
+    skipped paths are one note on stderr) into out_dir; returns meta. One text file (.gz too) is
+    split by characters as prepare_data.py splits it (prepare_one_text), streamed; anything else is
+    a corpus of documents."""
     paths, skipped = list_inputs(spec)
     if skipped:
-        print(f"prepare_data.py: note: {one_line(skipped_note(skipped))}", file=sys.stderr,
+        print(f"prepare_corpus.py: note: {one_line(skipped_note(skipped))}", file=sys.stderr,
               flush=True)
     single_text = len(paths) == 1 and paths[0] == spec and file_kind(spec) == "text"
-    if sha256 is not None and not single_text:
-        raise ValueError(f"--input={spec} must be a local copy of the dataset's one text file")
     meta = {"dataset": dataset, "source": spec if source is None else source,
             "split": split_description(not single_text)}
     if single_text:
-        return prepare_one_text(spec, tokenizer, out_dir, meta, workers, text_field, sha256,
-                                show_progress)
+        return prepare_one_text(spec, tokenizer, out_dir, meta, workers, text_field, show_progress)
     tok = make_tokenizer(tokenizer)
     corpus = Corpus(paths, text_field)
     meta.update(text_field=text_field, inputs=corpus.inputs)  # inputs: filled in as files are read
@@ -386,10 +383,10 @@ def prepare_files(spec, tokenizer, out_dir, dataset, source=None, text_field="te
                          text_field, progress, lambda: corpus.bytes_read)
 
 
-def prepare_one_text(path, tokenizer, out_dir, meta, workers, text_field, sha256, show_progress):
+def prepare_one_text(path, tokenizer, out_dir, meta, workers, text_field, show_progress):
     """prepare_files for one text file, in two passes: the split point and a char vocabulary need
     the whole text."""
-    n_chars, chars, record = scan_text(path, sha256, want_chars=tokenizer == "char")
+    n_chars, chars, record = scan_text(path, want_chars=tokenizer == "char")
     tok = make_tokenizer(tokenizer, chars)
     if show_progress:
         print(f"length of dataset in characters: {n_chars:,}")

@@ -1,8 +1,8 @@
-"""Reading prepare_data.py's input as a stream of work items: text, .jsonl, Parquet, and .gz.
+"""Reading lab/prepare_corpus.py's input as a stream of work items: text, .jsonl, Parquet, and .gz.
 
 list_inputs turns --input (a file, a directory or a glob) into files; Corpus reads them one by one,
 streamed (READ_BYTES at a time), hashing each file for meta.json, and yields WorkItems, the units
-that machinery/corpus.py tokenizes on its workers. Every bad input is a one-line error naming the
+that lab/corpus.py tokenizes on its workers. Every bad input is a one-line error naming the
 file and the line. The standard library only (and pyarrow, for Parquet, when installed).
 """
 
@@ -27,7 +27,7 @@ READ_BYTES = 1 << 20
 # (payload: bytes, whole lines, the first being `line`) or "rows" (payload: a list of Parquet
 # values, the first being row `line`). A "text" piece ends its document when ends_document; a .jsonl
 # line or a row is a whole document. split: "train" or "val" for the pieces of one text file (split
-# by characters), None where the document's index decides (machinery/corpus.py's is_val_document).
+# by characters), None where the document's index decides (lab/corpus.py's is_val_document).
 WorkItem = collections.namedtuple("WorkItem", "kind payload path line ends_document split")
 
 
@@ -338,10 +338,9 @@ def single_text_items(blocks, split_at, path):
             yield WorkItem("text", piece, path, 0, is_last, split)
 
 
-def scan_text(path, sha256=None, want_chars=False):
+def scan_text(path, want_chars=False):
     """One pass over a text file before tokenizing it: -> (its characters count, set of characters
-    (when want_chars, for char-level), input record for meta.json); sha256, when given, is
-    checked."""
+    (when want_chars, for char-level), input record for meta.json)."""
     hashing, stream = open_input(path)
     n_chars, chars = 0, set()
     with contextlib.closing(hashing.f):
@@ -350,9 +349,6 @@ def scan_text(path, sha256=None, want_chars=False):
             if want_chars:
                 chars.update(block)
         found = hashing.finish()
-    if sha256 is not None and found != sha256:
-        raise ValueError(f"{path} is not the expected file: its sha256 is {found}, expected "
-                         f"{sha256}")
     return n_chars, chars, {"name": path, "bytes": os.path.getsize(path), "sha256": found}
 
 
