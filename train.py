@@ -54,9 +54,12 @@ def at_least(low):
     return lambda v: None if v >= low else f"must be at least {low}"
 
 
-def within(low, high, said=None, open_low=False):
-    return lambda v: (None if (low < v if open_low else low <= v) and v < high
-                      else f"must be > {low}" if open_low else f"must be in [{low}, {said or high})")
+def within(low, high, said=None):
+    return lambda v: None if low <= v < high else f"must be in [{low}, {said or high})"
+
+
+def above(low):
+    return lambda v: None if v > low else f"must be > {low}"
 
 
 MODEL = {f.name: (f.default, f.metadata["help"]) for f in dataclasses.fields(Config)
@@ -66,8 +69,8 @@ SETTINGS = {
     "dataset": ("shakespeare", "a dataset folder under data_dir, made by prepare_data.py"),
     "data_dir": ("data", "folder that holds the datasets"),
     "out_dir": ("out-{dataset}-{embedding}", "ckpt.pt and log.jsonl go here; {name}: that setting"),
-    "init_from": ("scratch", "scratch, resume (out_dir/ckpt.pt), or PATH: fine-tune that checkpoint"),
-    "freeze": ("", "fine-tuning: parts kept fixed, among embedding, backbone, head (comma-separated)"),
+    "init_from": ("scratch", "scratch, resume (out_dir/ckpt.pt), or PATH: fine-tune its model"),
+    "freeze": ("", "fine-tuning: parts kept fixed, of embedding,backbone,head (comma-separated)"),
     "overwrite": (False, "let a scratch run replace the run already in out_dir"),
     **MODEL,
     # the fast paths (kernels/): settings of the run, which change speed and memory, not results
@@ -80,7 +83,7 @@ SETTINGS = {
     "batch_size": (64, "sequences per micro-step, per process", at_least(1)),
     "gradient_accumulation_steps": (1, "micro-steps per step, all processes together", at_least(1)),
     "max_iters": (5000, "optimizer steps", at_least(0)),
-    "learning_rate": (1e-3, "peak learning rate (AdamW)", within(0, math.inf, open_low=True)),
+    "learning_rate": (1e-3, "peak learning rate (AdamW)", above(0)),
     "min_lr": (1e-4, "learning rate at the end of the cosine decay", at_least(0)),
     "warmup_iters": (100, "steps of linear warmup (step 0 already has lr > 0)", at_least(0)),
     "lr_decay_iters": (0, "step where the decay reaches min_lr; 0: max_iters at the run's start",
@@ -137,7 +140,7 @@ def read_config(path):
 
 def parse_args(argv):
     """Config files and --key=value flags, in order -> (settings, the names they set). Each
-    overrides those before it; a name twice in one file is a mistake, twice among the flags a note."""
+    overrides those before it; a name twice in one file is a mistake, twice in the flags a note."""
     s, explicit, given = {key: entry[0] for key, entry in SETTINGS.items()}, set(), {}
     for arg in argv:
         flag = arg.startswith("--")
@@ -182,8 +185,8 @@ def set_setting(s, key, value, where):
     if key in CHOICES and value not in CHOICES[key]:
         raise ValueError(f"{where}: {key}={value!r}; choose one of {', '.join(CHOICES[key])}")
     if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
-        raise ValueError(f"{where}: the value of {key} holds a surrogate escape (\\ud800 to \\udfff), which is "
-                         f"no character; write the character itself")
+        raise ValueError(f"{where}: the value of {key} holds a surrogate escape (\\ud800 to "
+                         f"\\udfff), which is no character; write the character itself")
     s[key] = value
 
 
@@ -224,7 +227,7 @@ def resolve(s, explicit):
         raise ValueError(f"warmup_iters={s['warmup_iters']} must not exceed lr_decay_iters="
                          f"{s['lr_decay_iters']}")
     if resuming:
-        s["out_dir"] = out_dir(s)
+        s["out_dir"] = formatted_out_dir(s)
         if not os.path.isfile(os.path.join(s["out_dir"], "ckpt.pt")):
             raise ValueError(f"{s['out_dir']} holds no ckpt.pt to resume; start the run without "
                              f"--init_from=resume, or fix --out_dir")
@@ -246,7 +249,7 @@ def resolve(s, explicit):
         s[key] = s[key] if key == "dropout" and key in explicit else value
     check_settings(s)
     if not resuming:
-        s["out_dir"] = out_dir(s)  # a fine-tune's {embedding} is its source's
+        s["out_dir"] = formatted_out_dir(s)  # a fine-tune's {embedding} is its source's
         s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed: a resume keeps it
         if os.path.exists(os.path.join(s["out_dir"], "ckpt.pt")) and not s["overwrite"]:
             raise ValueError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
@@ -254,13 +257,14 @@ def resolve(s, explicit):
                              f"--overwrite to replace it")
     if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
         raise ValueError(f"out_dir={s['out_dir']} is a file, not a folder; give another path")
-    if ckpt and not resuming and os.path.isdir(s["out_dir"]) and os.path.samefile(os.path.dirname(path), s["out_dir"]):
+    if (ckpt and not resuming and os.path.isdir(s["out_dir"])
+            and os.path.samefile(os.path.dirname(path), s["out_dir"])):
         raise ValueError(f"--init_from={s['init_from']} is this run's own out_dir; fine-tune into "
                          f"another --out_dir, or continue that run with --init_from=resume")
     return s, ckpt, path
 
 
-def out_dir(s):
+def formatted_out_dir(s):
     """out_dir with each {name} replaced by that setting: out-{dataset}-{embedding} by default."""
     fields = [f for _, f, _, _ in string.Formatter().parse(s["out_dir"]) if f is not None]
     if not s["out_dir"] or any(field not in SETTINGS for field in fields):
@@ -349,10 +353,11 @@ def read_checkpoint(path, for_resume=False):
     version = ckpt.get("version") if isinstance(ckpt, dict) else None
     if version != 2:  # format 2 since commit 18d2764, da38896's included
         older = "Commit 66d9f67 of leviathan reads it" if version == 1 else "Retrain"
-        raise ValueError(f"{path} is a checkpoint of format {version!r}; this code reads 2. {older}")
-    need = dict(model=dict, model_config=dict, meta=dict) | (dict(
-        train_config=dict, step=int, tokens_seen=int, best_val_loss=float, optimizer=dict,
-        rng=dict) if for_resume else {})
+        raise ValueError(f"{path} is a checkpoint of format {version!r}; this code reads 2. "
+                         f"{older}")
+    need = {"model": dict, "model_config": dict, "meta": dict} | ({
+        "train_config": dict, "step": int, "tokens_seen": int, "best_val_loss": float,
+        "optimizer": dict, "rng": dict} if for_resume else {})
     for key, kind in need.items():
         if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
             found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
@@ -618,7 +623,8 @@ def train(s, explicit):
             train_loss = estimate_loss(eval_model, train_data, train_starts, s, device, autocast)
             val_loss = estimate_loss(eval_model, val_data, val_starts, s, device, autocast)
             eval_s = time.time() - t_eval
-            if not math.isfinite(val_loss + train_loss):
+            if not (math.isfinite(val_loss + train_loss)
+                    and all(torch.isfinite(p).all() for p in model.parameters())):
                 return diverged(f"the val loss is {val_loss} at step {step}")
             best_val_loss = min(best_val_loss, val_loss)
             norm_sum, counted, clipped = grad_stats[0].tolist()
@@ -628,7 +634,8 @@ def train(s, explicit):
                       "grad_norm": norm_sum / counted if counted else None,
                       "clip_fraction": clipped / counted if counted and s["grad_clip"] else None,
                       "elapsed_s": round(elapsed_before + time.time() - t_start, 3),
-                      "embedding": s["embedding"]} | ({"init_from": origin["checkpoint"]} if origin else {})
+                      "embedding": s["embedding"]}
+            record |= {"init_from": origin["checkpoint"]} if origin else {}
             if master:
                 with open(log_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
@@ -715,7 +722,8 @@ def pick_device(name, ddp, local_rank):
 def read_log(path, last_step):
     """log.jsonl's records up to last_step (a later one is of a run that went on, redone now)."""
     records = []
-    with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8", errors="replace") as f:
+    with (contextlib.suppress(FileNotFoundError),
+          open(path, encoding="utf-8", errors="replace") as f):
         for n, line in enumerate(f, 1):
             try:
                 record = json.loads(line) if line.strip() else {"step": math.inf}
@@ -753,10 +761,13 @@ def main(argv=None):
         s, explicit = parse_args(argv)
         return train(s, explicit)
     except KeyboardInterrupt:  # outside the loop (which saves, then stops): at once
-        kept = os.path.isfile(os.path.join(out_dir(s), "ckpt.pt")) if s else False
-        message, code = ("stopped (Ctrl-C); " + (f"{out_dir(s)}/ckpt.pt keeps the last saved state"
-                         if kept else "no checkpoint was saved yet: the same command starts the "
-                         "run again")), 130
+        try:
+            path = os.path.join(formatted_out_dir(s), "ckpt.pt")
+        except (TypeError, ValueError):  # no settings yet, or a bad out_dir
+            path = ""
+        message, code = "stopped (Ctrl-C); " + (
+            f"{path} keeps the last saved state" if os.path.isfile(path) else
+            "no checkpoint was saved yet: the same command starts the run again"), 130
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint; a refusal to write
         advice = {errno.EROFS: "write", errno.EACCES: "write", errno.ENOSPC: "free disk space"}
         message = one_line(e) + {"write": "; train into a folder you can write to (--out_dir)",

@@ -379,6 +379,82 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
         assert code == 2, args
         assert (err.startswith("train.py: error: ") and err.count("\n") == 1
                 and message in err), (args, err)
+    assert not (tmp_path / "fresh").exists()  # a refused command leaves no empty out_dir
+
+
+# --------------------------------------------------------------------------------------------------
+# Resolving a run: every combination of a checkpoint, files and flags
+
+
+def test_a_flag_repeating_the_checkpoint_is_accepted(tmp_path, char_data, bpe_data, capsys):
+    """Resuming or fine-tuning with a flag that repeats the checkpoint's own value: accepted,
+    checked against the checkpoint's model, not against the defaults (n_embd=32 with the default
+    n_head would not divide)."""
+    assert run_train(capsys, char_data, tmp_path / "run", "--max_iters=2")[0] == 0
+    few = [f"--data_dir={char_data}", "--dataset=tiny_char", "--device=cpu", "--batch_size=4",
+           "--eval_iters=1", "--lev_compile=False"]
+    assert train.main([*few, f"--out_dir={tmp_path / 'run'}", "--init_from=resume",
+                       "--n_embd=32", "--max_iters=3"]) == 0, capsys.readouterr().err
+    assert train.main([*few, f"--out_dir={tmp_path / 'ft'}", f"--init_from={tmp_path / 'run'}",
+                       "--n_embd=32", "--embedding=lev", "--max_iters=1"]) == 0
+    assert "fine-tuning" in capsys.readouterr().out
+    # a table model with --embedding=lev: no retrofit here, and said where it is
+    assert run_train(capsys, char_data, tmp_path / "tied", "--max_iters=0",
+                     "--embedding=tied")[0] == 0
+    code, _, err = run_train(capsys, char_data, tmp_path / "ft2", "--embedding=lev",
+                             f"--init_from={tmp_path / 'tied'}")
+    assert code == 2 and err.count("\n") == 1 and "python lab/retrofit.py" in err, err
+    assert not (tmp_path / "ft2").exists()
+
+
+def test_a_setting_given_twice_in_the_flags_is_said(tmp_path, char_data, capsys):
+    code, out, _ = run_train(capsys, char_data, tmp_path / "out", "--max_iters=0",
+                             "--n_layer=1", "--n_layer=2")
+    assert code == 0 and "note: n_layer is given twice (--n_layer=1, then --n_layer=2)" in out
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["model_config"][
+        "n_layer"] == 2
+
+
+def test_old_or_retired_settings_in_a_checkpoint_do_not_break_a_resume(tmp_path, char_data,
+                                                                        capsys):
+    assert run_train(capsys, char_data, tmp_path / "run", "--max_iters=2")[0] == 0
+    path = tmp_path / "run" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["train_config"].update(fit_steps=4000, lev_lr_scale=2.0, a_future_setting="x")
+    torch.save(ckpt, path)
+    code, _, err = run_train(capsys, char_data, tmp_path / "run", "--init_from=resume",
+                             "--max_iters=3")
+    assert code == 0, err
+    assert "fit_steps" not in torch.load(path, weights_only=True)["train_config"]
+
+
+def test_a_run_failing_before_its_first_step_can_be_run_again(tmp_path, char_data, capsys,
+                                                              monkeypatch):
+    """The step-0 evaluation does not save (the same command rebuilds that state): a run that
+    fails in its first step leaves no ckpt.pt that would make the rerun ask for --overwrite."""
+    monkeypatch.setattr(train, "get_lr", lambda step, s: 1 / 0 if step == 0 else 1e-3)
+    with pytest.raises(ZeroDivisionError):  # a bug edited into the loop: its traceback
+        run_train(capsys, char_data, tmp_path / "out", "--max_iters=2")
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+    monkeypatch.undo()
+    code, _, err = run_train(capsys, char_data, tmp_path / "out", "--max_iters=2")
+    assert code == 0, err
+
+
+def test_the_cpu_config_schedule_follows_max_iters():
+    s, _ = train.parse_args([os.path.join(ROOT, "config", "shakespeare_cpu.py"),
+                             "--max_iters=100"])
+    assert s["lr_decay_iters"] == 0 and train.get_lr(100, s) == s["min_lr"]
+    assert train.get_lr(99, s) > s["min_lr"]
+
+
+def test_eval_windows():
+    """Non-overlapping, every target once; a maximum takes an evenly spaced subset."""
+    assert train.eval_windows(101, 10).tolist() == list(range(0, 100, 10))
+    assert train.eval_windows(100, 10).tolist() == list(range(0, 90, 10))
+    assert train.eval_windows(1001, 10, max_windows=4).tolist() == [0, 250, 500, 750]
+    with pytest.raises(ValueError, match="too short for one window"):
+        train.eval_windows(10, 10)
 
 
 def test_the_machine_refusing_to_write_gets_advice(monkeypatch, capsys):
