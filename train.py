@@ -1,7 +1,6 @@
 """
 Train a Leviathan, or one of its baselines, on a dataset prepared by prepare_data.py.
 
-    python prepare_data.py shakespeare
     python train.py config/shakespeare_cpu.py                    # Leviathan (LEV embedding), on CPU
     python train.py config/shakespeare_cpu.py --embedding=tied   # the baseline: the same batches
     python train.py --out_dir=out-shakespeare-cpu-lev --init_from=resume     # continue a run
@@ -9,17 +8,11 @@ Train a Leviathan, or one of its baselines, on a dataset prepared by prepare_dat
     torchrun --standalone --nproc_per_node=8 train.py config/shakespeare_gpu.py   # DDP, one per GPU
 
 Settings: the defaults below, then config files (`key = value` lines, parsed, never executed), then
---key=value flags. A resume takes its checkpoint's settings in place of the defaults; a fine-tune
-(--init_from=PATH: a checkpoint or run directory) takes its model, with a fresh optimizer, schedule
-and data order (--freeze keeps parts fixed). A retrofit is python lab/retrofit.py; fine-tune its
-checkpoint here. Every arm with the same seed draws the same batches (the data order has its own
-generator) and is evaluated on the same fixed windows (eval_windows, as lab/eval.py).
-
-Output: out_dir/log.jsonl, a record per evaluation (losses, lr, and the mean gradient norm before
-clipping and the clipped fraction of the steps since the last record); out_dir/ckpt.pt, the latest
-state, written atomically at every evaluation (step 0's only if the run ends there) and on Ctrl-C or
-SIGTERM, which stop the run after its step. A resume goes on exactly: 10 steps + 10 == 20, bit for
-bit. A non-finite loss, gradient norm or val loss stops the run before any save.
+--key=value flags; a resume takes its checkpoint's in place of the defaults, a fine-tune its model.
+Every arm with the same seed draws the same batches and is evaluated on the same fixed windows.
+out_dir/log.jsonl gets a record per evaluation; out_dir/ckpt.pt, written atomically at evaluations
+(step 0's only if the run ends there) and on Ctrl-C, resumes the run exactly (10 + 10 steps == 20).
+A non-finite loss, gradient norm or val loss stops the run before any save.
 """
 
 import ast
@@ -148,7 +141,7 @@ def parse_args(argv):
             earlier = given.get(key, "")
             if not flag and earlier.startswith(f"{arg} line"):
                 raise ValueError(f"{where}: {key} is given twice in {arg}; give it once")
-            if flag and earlier.startswith("--"):
+            if flag and earlier.startswith("--") and os.environ.get("RANK", "0") == "0":
                 print(f"note: {key} is given twice ({earlier}, then {arg}): the last one counts")
             given[key] = where
             set_setting(s, key, value, where)
@@ -197,17 +190,17 @@ def check_settings(s):
             raise ValueError(f"{key}={s[key]} must be a finite number")
         if rule and rule[0](s[key]):
             raise ValueError(f"{key}={s[key]} {rule[0](s[key])}")
-    problem = (f"min_lr={s['min_lr']} must not exceed learning_rate={s['learning_rate']}"
-               if s["min_lr"] > s["learning_rate"] else
-               f"freeze={s['freeze']!r}: choose among embedding, backbone, head (comma-separated)"
-               if set(filter(None, s["freeze"].split(","))) - {"embedding", "backbone", "head"}
-               else "init_from is empty; use scratch, resume, or a checkpoint's path"
-               if not s["init_from"] else
-               f"dataset={s['dataset']!r} must be a folder name under data_dir (see --data_dir)"
-               if os.path.basename(s["dataset"]) != s["dataset"] or s["dataset"] in ("", ".", "..")
-               else None)
-    if problem:
-        raise ValueError(problem)
+    problems = [
+        (s["min_lr"] > s["learning_rate"],
+         f"min_lr={s['min_lr']} must not exceed learning_rate={s['learning_rate']}"),
+        (set(filter(None, s["freeze"].split(","))) - {"embedding", "backbone", "head"},
+         f"freeze={s['freeze']!r}: choose among embedding, backbone, head (comma-separated)"),
+        (not s["init_from"], "init_from is empty; use scratch, resume, or a checkpoint's path"),
+        (os.path.basename(s["dataset"]) != s["dataset"] or s["dataset"] in ("", ".", ".."),
+         f"dataset={s['dataset']!r} must be a folder name under data_dir (see --data_dir)")]
+    for bad, message in problems:
+        if bad:
+            raise ValueError(message)
     try:
         Config(vocab_size=2, **{key: s[key] for key in MODEL})
     except ValueError as e:
@@ -240,12 +233,11 @@ def resolve(s, explicit):
     for key in MODEL if ckpt else ():  # a setting the checkpoint predates: its default
         value = ckpt["model_config"].get(key, MODEL[key][0])
         if key in explicit and s[key] != value and (resuming or key != "dropout"):
-            fix = ("a resumed run keeps its model (drop --{}, or use another out_dir)" if resuming
-                   else "fine-tuning keeps the source's model (drop --{}); a retrofit of LEV onto "
-                   "a table model is python lab/retrofit.py" if key == "embedding"
-                   else "fine-tuning keeps the source's architecture (drop --{})")
-            raise ValueError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; "
-                             + fix.format(key))
+            fix = (f"a resumed run keeps its model (drop --{key}, or use another out_dir)"
+                   if resuming else f"fine-tuning keeps the source's architecture (drop --{key})")
+            if key == "embedding" and not resuming:
+                fix += "; a retrofit of LEV onto a table model is python lab/retrofit.py"
+            raise ValueError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; {fix}")
         s[key] = s[key] if key == "dropout" and key in explicit else value
     check_settings(s)
     if not resuming:
@@ -294,14 +286,11 @@ def load_data(folder):
         raise ValueError(f"{path} is not valid JSON ({type(e).__name__}); {again}") from None
     keys = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens")
     missing = [k for k in keys if k not in meta] if isinstance(meta, dict) else keys
-    problem = (f"lacks {', '.join(missing)}" if missing else
-               f"dtype={meta['dtype']!r} is not uint16 or uint32"
-               if meta["dtype"] not in ("uint16", "uint32") else
-               "vocab_size, train_tokens and val_tokens must be non-negative integers"
-               if not all(type(meta[k]) is int and meta[k] >= 0 for k in keys[1::2] + keys[4:])
-               else None)
-    if problem:
-        raise ValueError(f"{path} {problem}; {again}")
+    if missing or meta["dtype"] not in ("uint16", "uint32") or not all(
+            type(meta[k]) is int and meta[k] >= 0 for k in keys[1::2] + keys[4:]):
+        raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else "needs "
+                         "dtype uint16 or uint32 and vocab_size, train_tokens and val_tokens "
+                         f"non-negative integers (dtype={meta['dtype']!r})") + f"; {again}")
     splits = []
     for split in ("train", "val"):
         path, n = os.path.join(folder, f"{split}.bin"), meta[f"{split}_tokens"]
@@ -544,7 +533,8 @@ def train(s, explicit):
                 raise ValueError("LEV's own optimizer groups: --lev_lr_scale or --lev_wd_scale, "
                                  "retired; commit 66d9f67 resumes it")
             optimizer.load_state_dict(ckpt["optimizer"])
-            scaler.load_state_dict(ckpt["scaler"]) if "scaler" in ckpt else None
+            if "scaler" in ckpt:
+                scaler.load_state_dict(ckpt["scaler"])
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise ValueError(f"{source}: its optimizer state does not fit the model "
                              f"({one_line(e)[:200]})") from None
@@ -769,10 +759,10 @@ def main(argv=None):
             f"{path} keeps the last saved state" if os.path.isfile(path) else
             "no checkpoint was saved yet: the same command starts the run again"), 130
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint; a refusal to write
-        advice = {errno.EROFS: "write", errno.EACCES: "write", errno.ENOSPC: "free disk space"}
-        message = one_line(e) + {"write": "; train into a folder you can write to (--out_dir)",
-                                 "free disk space": "; free disk space or use another --out_dir",
-                                 None: ""}[advice.get(getattr(e, "errno", None))]
+        write = "; train into a folder you can write to (--out_dir)"
+        advice = {errno.EROFS: write, errno.EACCES: write,
+                  errno.ENOSPC: "; free disk space or train into another --out_dir"}
+        message = one_line(e) + advice.get(getattr(e, "errno", None), "")
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not isinstance(e, MemoryError) and "memory" not in str(e):
             raise  # a bug, not the machine's limit: its traceback is what a report needs

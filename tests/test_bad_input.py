@@ -99,9 +99,9 @@ def test_train_refuses_damaged_data(tmp_path, char_data, run_cli):
     meta_path = char_data / "tiny_char" / "meta.json"
     meta = meta_path.read_text()
     for bad, message in [(meta.replace('"uint16"', '"float64"'),
-                          "dtype='float64' is not uint16 or uint32"),
+                          "needs dtype uint16 or uint32"),
                          (meta.replace('"train_tokens": ', '"train_tokens": -'),
-                          "must be non-negative integers"),
+                          "train_tokens and val_tokens non-negative integers"),
                          ("[1, 2]", "lacks tokenizer")]:
         meta_path.write_text(bad)
         code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=1")
