@@ -218,6 +218,27 @@ def test_gradient_diagnostics_in_the_log(tmp_path, char_data, capsys):
     assert "clipped" not in out
 
 
+def test_a_step_the_float16_grad_scaler_skips_is_not_counted(tmp_path, char_data, capsys,
+                                                              monkeypatch):
+    """float16 with a GradScaler: a step of inf gradients is skipped by the scaler (no
+    divergence), shown in its progress line, and left out of the record's grad_norm and
+    clip_fraction."""
+    def infinite_gradient(loss):
+        loss = loss * 1.0
+        loss.register_hook(lambda grad: grad * float("inf"))
+        return loss
+
+    spoil_training_loss(monkeypatch, infinite_gradient, at_call=2)
+    code, out, err = run_train(capsys, char_data, tmp_path / "out", "--dtype=float16",
+                               "--embedding=untied", "--max_iters=3", "--eval_interval=3")
+    assert code == 0, err
+    norms = [float(x) for x in re.findall(r"\| grad norm ([0-9.a-z]+) \|", out)]
+    assert len(norms) == 3 and not math.isfinite(norms[1]) and "dtype float16" in out
+    last = read_log(tmp_path / "out")[-1]
+    assert last["grad_norm"] == pytest.approx((norms[0] + norms[2]) / 2, abs=1e-3)
+    assert last["clip_fraction"] == sum(n > 1.0 for n in (norms[0], norms[2])) / 2
+
+
 def test_resume_a_checkpoint_older_than_a_run_setting(tmp_path, char_data, capsys):
     """A checkpoint written before a run setting existed (here lev_chunk and lev_fast) resumes with
     that setting's default."""
