@@ -1,49 +1,30 @@
 """
 Train a Leviathan, or one of its baselines, on a dataset prepared by prepare_data.py.
 
-    python prepare_data.py shakespeare
-    # Leviathan (LEV input embedding), on CPU
-    python train.py config/shakespeare_cpu.py
-    # the baseline: same data, same val tokens
-    python train.py config/shakespeare_cpu.py --embedding=tied
-    # continue out_dir/ckpt.pt (its settings come from the checkpoint)
-    python train.py --out_dir=out-shakespeare-cpu-lev --init_from=resume
-    # fine-tune a trained model on data b
-    python train.py --init_from=out-a-lev --dataset=b --out_dir=out-b-lev
-    # retrofit: LEV fitted to a tied (or untied) model's input table, then fine-tuning
-    python train.py --init_from=out-a-tied --embedding=lev --out_dir=out-a-retrofit
-    # DDP, one process per GPU
-    torchrun --standalone --nproc_per_node=8 train.py config/shakespeare_gpu.py
+    python train.py config/shakespeare_cpu.py                    # Leviathan (LEV embedding), on CPU
+    python train.py config/shakespeare_cpu.py --embedding=tied   # the baseline: the same batches
+    python train.py --out_dir=out-shakespeare-cpu-lev --init_from=resume     # continue a run
+    python train.py --init_from=out-a-lev --dataset=b --out_dir=out-b-lev    # fine-tune on data b
+    torchrun --standalone --nproc_per_node=8 train.py config/shakespeare_gpu.py   # DDP, one per GPU
 
-Settings: the defaults below, then config files (plain `key = value` lines, in the order given),
-then --key=value flags. With --init_from=resume the checkpoint's settings replace the defaults, and
-files and flags still apply. With --init_from=PATH (a checkpoint, or a run directory holding
-ckpt.pt) a new run starts from that model's weights and architecture, with a fresh optimizer and
-schedule, on any dataset of the same tokenizer; --freeze keeps parts of it fixed, to study what
-transfers. --embedding=lev from a tied or untied source first fits a new LEV to its input table
-(the fit_* settings; docs/training.md).
-
-Fair comparisons: every arm with the same seed draws the same training batches (the data order has
-its own generator, independent of the model's initialization), and validation always uses the same
-fixed windows of the val split (machinery/dataset.py's eval_windows), so lev, tied and untied see
-exactly the same tokens.
-
-Output: out_dir/log.jsonl gets one record per evaluation (step 0 included): losses, lr, and the
-gradients of the steps since the previous record (grad_norm before clipping, clip_fraction,
-grad_norms of each part; docs/training.md). out_dir/ckpt.pt is the latest state (model, optimizer,
-settings, data order and RNG states): it is written after every evaluation (every eval_interval
-steps and at the last step) and when the run is stopped with Ctrl-C (or SIGTERM). Resuming continues
-exactly: 10 steps, then 10 more with --init_from=resume, give the same losses and weights as 20
-steps. A non-finite loss, gradient norm or validation loss stops the run before anything is saved,
-so ckpt.pt always holds the last good state; a scratch run refuses an out_dir that already holds a
-run (see --overwrite).
+Settings: the defaults below, then config files (`key = value` lines, parsed, never executed), then
+--key=value flags; a resume takes its checkpoint's in place of the defaults, a fine-tune its model.
+Every arm with the same seed draws the same batches and is evaluated on the same fixed windows.
+out_dir/log.jsonl gets a record per evaluation; out_dir/ckpt.pt, written atomically at evaluations
+(step 0's only if the run ends there) and on Ctrl-C, resumes the run exactly (10 + 10 steps == 20).
+A non-finite loss, gradient norm or val loss stops the run before any save.
 """
 
-
+import ast
+import contextlib
 import dataclasses
+import difflib
+import errno
+import glob
 import json
 import math
 import os
+import signal
 import string
 import sys
 import time
@@ -56,105 +37,353 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
 from leviathan import EMBEDDINGS, GPT, Config
-from machinery import checkpoints, cli, retrofit, runs
-from machinery.grad_stats import GradStats, clipped
-from machinery.settings import (
-    SettingsError,
-    above,
-    all_of,
-    at_least,
-    below,
-    check_rules,
-    help_text,
-    parse_args,
-    set_setting,
-    within,
-)
 
 # --------------------------------------------------------------------------------------------------
-# Settings: name -> (default, help) or (default, help, rule). The model's come from
-# leviathan.Config's fields, defaults and help, and Config checks them; a rule (at_least, above,
-# within: machinery/settings.py) bounds a number.
+# Settings: name -> (default, help) or (default, help, rule); a rule bounds a number. The model's
+# come from leviathan.Config, which checks them itself.
 
-RETROFIT = "retrofit (--init_from=RUN of a tied or untied run, with --embedding=lev)"
+
+def at_least(low):
+    return lambda v: None if v >= low else f"must be at least {low}"
+
+
+def within(low, high, said=None):
+    return lambda v: None if low <= v < high else f"must be in [{low}, {said or high})"
+
+
+def above(low):
+    return lambda v: None if v > low else f"must be > {low}"
+
+
 MODEL = {f.name: (f.default, f.metadata["help"]) for f in dataclasses.fields(Config)
          if f.name != "vocab_size"}
-
+DATA_SEED_OFFSET = 1_000_003  # the data order's seed is seed + this: a stream apart from the init's
 SETTINGS = {
-    # data and output
     "dataset": ("shakespeare", "a dataset folder under data_dir, made by prepare_data.py"),
     "data_dir": ("data", "folder that holds the datasets"),
-    "out_dir": ("out-{dataset}-{embedding}",
-                "where ckpt.pt and log.jsonl go; {name} is replaced by that setting"),
-    "init_from": ("scratch", "scratch (a new model), resume (continue out_dir/ckpt.pt), or PATH: "
-                  "fine-tune the model of a checkpoint file or run directory (fresh optimizer, "
-                  "schedule, data order)"),
-    "freeze": ("", "fine-tuning: parts kept fixed, comma-separated among embedding (LEV or the "
-               "input table), backbone, head; the tied arm's table is both embedding and head"),
-    "overwrite": (False, "let a scratch run replace the ckpt.pt and log.jsonl of a run already in "
-                  "out_dir"),
+    "out_dir": ("out-{dataset}-{embedding}", "ckpt.pt and log.jsonl go here; {name}: that setting"),
+    "init_from": ("scratch", "scratch, resume (out_dir/ckpt.pt), or PATH: fine-tune its model"),
+    "freeze": ("", "fine-tuning: parts kept fixed, of embedding,backbone,head (comma-separated)"),
+    "overwrite": (False, "let a scratch run replace the run already in out_dir"),
     **MODEL,
-    # LEV's fast path: settings of the run, not the model's (they change speed and memory only)
-    "lev_chunk": (64, "LEV, torch kernels: ids computed together (memory and speed only); 64 suits "
-                  "a CPU, more a GPU", at_least(1)),
-    "lev_c_kernels": (True, "LEV on CPU: its spline product in machinery/lev_kernels.c, built "
-                      "with the system's C compiler on first use, ~3x faster than torch's kernels "
-                      "(speed only, not results)"),
-    "lev_compile": (True, "LEV: torch.compile its two torch kernels, where the C ones do not run "
-                    "(speed only, not results)"),
-    "lean_head": (True, "the loss from the memory-lean head: logits a chunk of tokens at a time "
-                  "(memory and speed only, not results)"),
-    "lev_fast": (True, "LEV's fast path (machinery/fast_lev.py); False: LEV's recipe exactly as "
-                 "leviathan.py writes it, slower (the same function: tests/test_fast_paths.py)"),
+    # the fast paths (kernels/): settings of the run, which change speed and memory, not results
+    "lev_chunk": (64, "LEV's torch kernels: ids computed together (64 suits a CPU)", at_least(1)),
+    "lev_c_kernels": (True, "LEV on CPU: the spline product in C (kernels/lev_kernels.c)"),
+    "lev_compile": (True, "LEV: torch.compile its torch kernels, where the C ones do not run"),
+    "lean_head": (True, "the loss from the memory-lean head, which never holds all the logits"),
+    "lev_fast": (True, "LEV's fast path; False: LEV as leviathan.py writes it, slower"),
     # optimization
     "batch_size": (64, "sequences per micro-step, per process", at_least(1)),
-    "gradient_accumulation_steps": (1, "micro-steps per optimizer step, over all processes "
-                                    "together", at_least(1)),
+    "gradient_accumulation_steps": (1, "micro-steps per step, all processes together", at_least(1)),
     "max_iters": (5000, "optimizer steps", at_least(0)),
     "learning_rate": (1e-3, "peak learning rate (AdamW)", above(0)),
     "min_lr": (1e-4, "learning rate at the end of the cosine decay", at_least(0)),
-    "warmup_iters": (100, "steps of linear warmup (the first step already has lr > 0)",
-                     at_least(0)),
-    "lr_decay_iters": (0, "step at which the cosine decay reaches min_lr; 0 means max_iters (fixed "
-                       "at the start of a run, so that resuming with a larger max_iters keeps the "
-                       "schedule)", at_least(0)),
+    "warmup_iters": (100, "steps of linear warmup (step 0 already has lr > 0)", at_least(0)),
+    "lr_decay_iters": (0, "step where the decay reaches min_lr; 0: max_iters at the run's start",
+                       at_least(0)),
     "weight_decay": (0.1, "AdamW weight decay (matrices and tables only)", at_least(0)),
     "beta1": (0.9, "AdamW beta1", within(0, 1)),
     "beta2": (0.95, "AdamW beta2", within(0, 1)),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping", at_least(0)),
-    "z_loss": (0.0, "weight of the z-loss, z_loss * (log Z)^2 per token (log Z: the log-sum-exp "
-               "of its logits), added to training's loss, not to the val loss", at_least(0)),
+    "z_loss": (0.0, "z_loss * (log Z)^2 per token added to training's loss", at_least(0)),
     # evaluation and logging
-    "eval_interval": (250, "evaluate, log to log.jsonl and write ckpt.pt every this many steps",
-                      at_least(1)),
-    "eval_iters": (20, "evaluate on eval_iters * batch_size fixed windows per split; 0: the whole "
-                   "val split", at_least(0)),
+    "eval_interval": (250, "evaluate, log and write ckpt.pt every this many steps", at_least(1)),
+    "eval_iters": (20, "eval_iters * batch_size windows per split; 0: all of val", at_least(0)),
     "log_interval": (10, "print a progress line every this many steps", at_least(1)),
     # system
     "device": ("auto", "auto (cuda, else mps, else cpu), cpu, cuda or mps"),
-    "dtype": ("auto", "float32, bfloat16 or float16 (autocast, with a GradScaler for float16); "
-              "auto: bfloat16 on CUDA (float16 if unsupported), float32 elsewhere"),
+    "dtype": ("auto", "float32, bfloat16, float16 (with a GradScaler); auto: bf16 on CUDA"),
     "compile": (False, "torch.compile the model"),
-    "seed": (1337, "seed of the model's initialization and, separately, of the data order",
-             within(0, runs.SEED_LIMIT, "2^63 - 2^21")),
-    # a retrofit: LEV fitted to a table model's input table first (machinery/retrofit.py)
-    "fit_steps": (4000, f"{RETROFIT}: Adam steps fitting LEV alone to the source's input table, "
-                        f"before the whole model fine-tunes", at_least(0)),
-    "fit_lr": (1e-3, "retrofit: the fit's peak learning rate (linear warmup over its first 5% of "
-                     "steps, then cosine decay to a tenth)", above(0)),
-    "fit_batch": (4096, "retrofit: ids per fit step, drawn (with replacement) by fit_weights",
-                  all_of(at_least(1), below(2 ** 31, "2^31 (the default is 4096)"))),
-    "fit_loss": ("cosine_norm", "retrofit: what LEV(i) minimises against table row i: cosine_norm "
-                                "(1 - cosine, plus the squared relative error of the norm) or mse "
-                                "(squared error, relative to the rows' mean squared norm)"),
-    "fit_weights": ("counts", "retrofit: how ids count in the fit: counts (their training-split "
-                              "counts), seen (uniform over ids seen in the training split), "
-                              "uniform (all ids)"),
+    "seed": (1337, "seed of the initialization and, apart, of the data order",
+             within(0, 2 ** 63 - 2 ** 21, "2^63 - 2^21")),  # room for the offsets: data, processes
 }
 CHOICES = {"embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
-           "dtype": ("auto", "float32", "bfloat16", "float16"),
-           "fit_loss": ("cosine_norm", "mse"), "fit_weights": ("counts", "seen", "uniform")}
-FIT_SETTINGS = [key for key in SETTINGS if key.startswith("fit_")]  # the retrofit's, in order
+           "dtype": ("auto", "float32", "bfloat16", "float16")}
+RETIRED = {**dict.fromkeys(["lev_lr_scale", "lev_wd_scale", "lev_clip_apart"],
+                           "a research knob, retired at commit 18d2764"),
+           **dict.fromkeys(["fit_steps", "fit_lr", "fit_batch", "fit_loss", "fit_weights"],
+                           "the retrofit's, after da38896: it is python lab/retrofit.py now")}
+
+
+def read_config(path):
+    """A config file's (key, value, where) triples: `key = literal` lines, parsed, never run."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, ValueError, SyntaxError, MemoryError, RecursionError) as e:
+        line = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
+        what = ("nested too deeply to read" if isinstance(e, (MemoryError, RecursionError))
+                else getattr(e, "strerror", None) or getattr(e, "msg", None) or e)
+        raise ValueError(f"config file {path}{line}: {one_line(what).split(';')[0]}; only UTF-8 "
+                         f"`key = value` lines are allowed") from None
+    for node in tree.body:
+        where = f"{path} line {node.lineno}"
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"{where}: only `key = value` lines are allowed in a config file")
+        try:
+            value = ast.literal_eval(node.value)
+        except (ValueError, TypeError, RecursionError, MemoryError):  # TypeError: {[]: 1}
+            raise ValueError(f"{where}: the value of {node.targets[0].id} must be a literal "
+                             f"(number, string, True or False)") from None
+        yield node.targets[0].id, value, where
+
+
+def parse_args(argv):
+    """Config files and --key=value flags, in order -> (settings, the names they set). Each
+    overrides those before it; a name twice in one file is a mistake, twice in the flags a note."""
+    s, explicit, given = {key: entry[0] for key, entry in SETTINGS.items()}, set(), {}
+    for arg in argv:
+        flag = arg.startswith("--")
+        for key, value, where in [read_flag(arg)] if flag else read_config(arg):
+            earlier = given.get(key, "")
+            if not flag and earlier.startswith(f"{arg} line"):
+                raise ValueError(f"{where}: {key} is given twice in {arg}; give it once")
+            if flag and earlier.startswith("--") and os.environ.get("RANK", "0") == "0":
+                print(f"note: {key} is given twice ({earlier}, then {arg}): the last one counts")
+            given[key] = where
+            set_setting(s, key, value, where)
+            explicit.add(key)
+    return s, explicit
+
+
+def read_flag(arg):
+    """--key=value -> (key, value, arg); a string needs no quotes, a bare --compile is True."""
+    key, has_value, text = arg[2:].partition("=")
+    default = SETTINGS.get(key, (None,))[0]
+    if not has_value and not isinstance(default, bool):
+        raise ValueError(f"{arg}: expected --key=value (see python train.py --help)")
+    try:
+        return key, text if isinstance(default, str) else ast.literal_eval(text or "True"), arg
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return key, text, arg
+
+
+def set_setting(s, key, value, where):
+    """Check a setting's name, type (an int is taken where a float is expected) and choice."""
+    if key in RETIRED:
+        raise ValueError(f"{where}: {key} was retired ({RETIRED[key]}); drop it")
+    if key not in SETTINGS:
+        close = difflib.get_close_matches(key, SETTINGS, n=1)
+        hint = f"did you mean {close[0]}?" if close else "see python train.py --help"
+        raise ValueError(f"{where}: unknown setting {key!r}; {hint}")
+    default = SETTINGS[key][0]
+    value = float(value) if isinstance(default, float) and type(value) is int else value
+    if type(value) is not type(default):
+        kind = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
+        raise ValueError(f"{where}: {key}={value!r} must be {kind[type(default)]} (default: "
+                         f"{default!r})")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ValueError(f"{where}: {key}={value!r}; choose one of {', '.join(CHOICES[key])}")
+    if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+        raise ValueError(f"{where}: the value of {key} holds a surrogate escape (\\ud800 to "
+                         f"\\udfff), which is no character; write the character itself")
+    s[key] = value
+
+
+def check_settings(s):
+    """Each setting's rule, then what no single setting says; Config checks the model's."""
+    for key, (_, _, *rule) in SETTINGS.items():
+        if isinstance(s[key], float) and not math.isfinite(s[key]):
+            raise ValueError(f"{key}={s[key]} must be a finite number")
+        if rule and rule[0](s[key]):
+            raise ValueError(f"{key}={s[key]} {rule[0](s[key])}")
+    problems = [
+        (s["min_lr"] > s["learning_rate"],
+         f"min_lr={s['min_lr']} must not exceed learning_rate={s['learning_rate']}"),
+        (set(filter(None, s["freeze"].split(","))) - {"embedding", "backbone", "head"},
+         f"freeze={s['freeze']!r}: choose among embedding, backbone, head (comma-separated)"),
+        (not s["init_from"], "init_from is empty; use scratch, resume, or a checkpoint's path"),
+        (os.path.basename(s["dataset"]) != s["dataset"] or s["dataset"] in ("", ".", ".."),
+         f"dataset={s['dataset']!r} must be a folder name under data_dir (see --data_dir)")]
+    for bad, message in problems:
+        if bad:
+            raise ValueError(message)
+    try:
+        Config(vocab_size=2, **{key: s[key] for key in MODEL})
+    except ValueError as e:
+        raise ValueError(str(e).removeprefix("Config: ")) from None
+
+
+def resolve(s, explicit):
+    """The run's settings -> (settings, the checkpoint it resumes or fine-tunes or None, its path).
+    A resume takes its checkpoint's run settings that no file or flag gives; resume and fine-tune
+    take its model, which a flag may repeat, not change (a fine-tune's dropout aside)."""
+    for key in ("lev_c_kernels", "lev_compile"):  # refused rather than silently ignored
+        if key in explicit and not s["lev_fast"]:
+            raise ValueError(f"{key}={s[key]} is a setting of LEV's fast path, and lev_fast=False "
+                             f"runs none; drop --{key}")
+    resuming, ckpt, path = s["init_from"] == "resume", None, None
+    if not resuming and 0 < s["lr_decay_iters"] < s["warmup_iters"]:
+        raise ValueError(f"warmup_iters={s['warmup_iters']} must not exceed lr_decay_iters="
+                         f"{s['lr_decay_iters']}")
+    if resuming:
+        s["out_dir"] = formatted_out_dir(s)
+        if not os.path.isfile(os.path.join(s["out_dir"], "ckpt.pt")):
+            raise ValueError(f"{s['out_dir']} holds no ckpt.pt to resume; start the run without "
+                             f"--init_from=resume, or fix --out_dir")
+        ckpt, path = read_checkpoint(s["out_dir"], for_resume=True)
+        for key, value in ckpt["train_config"].items():  # a retired or unknown key: left out
+            if key in SETTINGS.keys() - MODEL.keys() - explicit - {"out_dir", "init_from"}:
+                set_setting(s, key, value, f"{path} (train_config)")
+    elif s["init_from"] not in ("scratch", ""):  # "": said by check_settings
+        ckpt, path = read_checkpoint(s["init_from"])
+    for key in MODEL if ckpt else ():  # a setting the checkpoint predates: its default
+        value = ckpt["model_config"].get(key, MODEL[key][0])
+        if key in explicit and s[key] != value and (resuming or key != "dropout"):
+            fix = (f"a resumed run keeps its model (drop --{key}, or use another out_dir)"
+                   if resuming else f"fine-tuning keeps the source's architecture (drop --{key})")
+            if key == "embedding" and not resuming:
+                fix += "; a retrofit of LEV onto a table model is python lab/retrofit.py"
+            raise ValueError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; {fix}")
+        s[key] = s[key] if key == "dropout" and key in explicit else value
+    check_settings(s)
+    if not resuming:
+        s["out_dir"] = formatted_out_dir(s)  # a fine-tune's {embedding} is its source's
+        s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed: a resume keeps it
+        if os.path.exists(os.path.join(s["out_dir"], "ckpt.pt")) and not s["overwrite"]:
+            raise ValueError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
+                             f"--init_from=resume, train into another --out_dir, or pass "
+                             f"--overwrite to replace it")
+    if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
+        raise ValueError(f"out_dir={s['out_dir']} is a file, not a folder; give another path")
+    if (ckpt and not resuming and os.path.isdir(s["out_dir"])
+            and os.path.samefile(os.path.dirname(path), s["out_dir"])):
+        raise ValueError(f"--init_from={s['init_from']} is this run's own out_dir; fine-tune into "
+                         f"another --out_dir, or continue that run with --init_from=resume")
+    return s, ckpt, path
+
+
+def formatted_out_dir(s):
+    """out_dir with each {name} replaced by that setting: out-{dataset}-{embedding} by default."""
+    fields = [f for _, f, _, _ in string.Formatter().parse(s["out_dir"]) if f is not None]
+    if not s["out_dir"] or any(field not in SETTINGS for field in fields):
+        raise ValueError("out_dir is empty; give a folder" if not s["out_dir"] else
+                         f"out_dir={s['out_dir']!r}: each {{...}} must name a setting, e.g. "
+                         f"{{embedding}}")
+    return s["out_dir"].format(**s)
+
+
+# --------------------------------------------------------------------------------------------------
+# Data, checkpoints, the schedule and the optimizer (lab/ uses some of them too)
+
+
+def load_data(folder):
+    """A dataset folder made by prepare_data.py -> (meta, train split, val split), each split a
+    read-only np.memmap of token ids, checked against meta.json."""
+    name = os.path.basename(os.path.normpath(folder))
+    again = f"prepare it: python prepare_data.py {name}" + (
+        "" if name in ("shakespeare", "shakespeare_char") else " --input=path/to/text.txt")
+    path = os.path.join(folder, "meta.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no prepared dataset in {folder} (no meta.json); {again}")
+    try:
+        with open(path, "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
+    except (ValueError, RecursionError, MemoryError) as e:  # a UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path} is not valid JSON ({type(e).__name__}); {again}") from None
+    keys = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens")
+    missing = [k for k in keys if k not in meta] if isinstance(meta, dict) else keys
+    if missing or meta["dtype"] not in ("uint16", "uint32") or not all(
+            type(meta[k]) is int and meta[k] >= 0 for k in keys[1::2] + keys[4:]):
+        raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else "needs "
+                         "dtype uint16 or uint32 and vocab_size, train_tokens and val_tokens "
+                         f"non-negative integers (dtype={meta['dtype']!r})") + f"; {again}")
+    splits = []
+    for split in ("train", "val"):
+        path, n = os.path.join(folder, f"{split}.bin"), meta[f"{split}_tokens"]
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        if size != n * np.dtype(meta["dtype"]).itemsize:
+            raise ValueError(f"{path} is {'missing' if size is None else f'{size:,} bytes'}, "
+                             f"meta.json expects {n:,} {meta['dtype']} tokens; {again}")
+        # np.memmap cannot map an empty file
+        splits.append(np.memmap(path, meta["dtype"], "r") if n else np.zeros(0, meta["dtype"]))
+    return meta, *splits
+
+
+def eval_windows(n_tokens, block_size, max_windows=None):
+    """Start offsets s of a split's fixed evaluation windows, s = i * block_size for i < (n_tokens
+    - 1) // block_size: window i scores targets tokens[s+1:s+block_size+1], each target once. With
+    max_windows fewer than that, an evenly spaced subset. lab/eval.py scores these too."""
+    n_windows = (n_tokens - 1) // block_size
+    if n_windows < 1:
+        raise ValueError(f"a split of {n_tokens} tokens is too short for one window of "
+                         f"block_size={block_size}; use a smaller block_size or more text")
+    starts = np.arange(n_windows, dtype=np.int64) * block_size
+    if max_windows is not None and max_windows < n_windows:
+        starts = starts[np.arange(max_windows) * n_windows // max_windows]
+    return starts
+
+
+def check_same_tokens(meta, data_meta, path, data_dir, advice):
+    """The checkpoint at path (of dataset meta) was trained on the tokens of data_dir's data."""
+    said = [f"{m.get('tokenizer')} tokens (vocab_size {m.get('vocab_size')})" + (
+        f", characters {''.join(sorted(m['chars']))!r}" if m.get("chars") else "")
+        for m in (meta, data_meta)]
+    if any(meta.get(k) != data_meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
+        other = "the same characters with other ids" if said[0] == said[1] else said[1]
+        raise ValueError(f"{path} was trained on {said[0]}, but {data_dir} has {other}; {advice}")
+
+
+def read_checkpoint(path, for_resume=False):
+    """A checkpoint (a file, or a run directory holding ckpt.pt) -> (it, its path): loaded with
+    weights_only=True (tensors and plain values: no code runs) and checked."""
+    path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}; train one first or fix the path")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch's advice to load it unsafely is not passed on
+        why = ("it holds Python objects, which could run code when loaded; it was refused unread"
+               if "GLOBAL" in str(e) else f"not a torch.save file ({type(e).__name__})")
+        raise ValueError(f"{path} is not a readable leviathan checkpoint: {why}") from None
+    version = ckpt.get("version") if isinstance(ckpt, dict) else None
+    if version != 2:  # format 2 since commit 18d2764, da38896's included
+        older = "Commit 66d9f67 of leviathan reads it" if version == 1 else "Retrain"
+        raise ValueError(f"{path} is a checkpoint of format {version!r}; this code reads 2. "
+                         f"{older}")
+    need = {"model": dict, "model_config": dict, "meta": dict} | ({
+        "train_config": dict, "step": int, "tokens_seen": int, "best_val_loss": float,
+        "optimizer": dict, "rng": dict} if for_resume else {})
+    for key, kind in need.items():
+        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
+            found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
+            raise ValueError(f"{path}: {key!r} is {found}, not a {kind.__name__}; it was edited "
+                             f"or not written by train.py. Use an untouched checkpoint")
+    return ckpt, path
+
+
+def build_model(ckpt, path):
+    """The model of a checkpoint, with its weights, in training mode."""
+    try:
+        model = GPT(Config(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, TypeError, ValueError) as e:  # TypeError: a setting Config lacks
+        raise ValueError(f"{path}: the weights do not fit its model settings "
+                         f"({one_line(e)[:300]})") from None
+    return model.train()
+
+
+def write_atomic(path, obj):
+    """obj (text, or what torch.save writes) to path.tmpPID, which then replaces path: no reader
+    sees half a file, and a failure leaves path whole and no tmp behind (nor a dead writer's)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        if isinstance(obj, str):
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(obj)
+        else:
+            torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)):  # torch says a full disk in a RuntimeError
+            raise OSError(f"could not write {path} ({one_line(e)[:200]}); the previous file, if "
+                          f"any, is unchanged. Free disk space or use another --out_dir") from None
+        raise
 
 
 def get_lr(step, s):
@@ -186,502 +415,367 @@ def make_optimizer(model, s, device_type):
 
 def get_batch(data, starts, block_size, device):
     """Windows of a split at offsets starts -> inputs x, next-token targets y, (len(starts), T)."""
-    rows = np.stack([data[i:i + block_size + 1] for i in starts]).astype(np.int64)
-    xy = torch.from_numpy(rows)
-    if device.type == "cuda":
-        xy = xy.pin_memory().to(device, non_blocking=True)
-    else:
-        xy = xy.to(device)
+    xy = torch.from_numpy(np.stack([data[i:i + block_size + 1] for i in starts]).astype(np.int64))
+    xy = xy.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else xy.to(device)
     return xy[:, :-1], xy[:, 1:]
 
 
 @torch.no_grad()
-def estimate_loss(model, split, starts, s, procs):
-    """Mean loss per target token over a split's fixed windows, each process taking every
-    world-th. model: the module the run trains (torch.compile'd or not), in eval mode meanwhile."""
-    B, T = s["batch_size"], s["block_size"]
+def estimate_loss(model, data, starts, s, device, autocast):
+    """Mean loss per target token over a split's fixed windows (each process takes every
+    world-th), the model in eval mode meanwhile."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model.eval()
-    total, count = 0.0, 0
-    mine = starts[procs.rank::procs.world]
-    for i in range(0, len(mine), B):
-        x, y = get_batch(split, mine[i:i + B], T, procs.device)
-        with procs.autocast:
+    total, count, mine = 0.0, 0, starts[rank::world]
+    for i in range(0, len(mine), s["batch_size"]):
+        x, y = get_batch(data, mine[i:i + s["batch_size"]], s["block_size"], device)
+        with autocast:
             _, loss = model(x, y)
         total += loss.item() * y.numel()
         count += y.numel()
     model.train()
-    total, count = procs.sum([total, count])
+    if world > 1:
+        sums = torch.tensor([total, count], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        total, count = sums.tolist()
     return total / count
 
 
 # --------------------------------------------------------------------------------------------------
-# A run's settings, resolved once, top to bottom: a scratch run takes them as given (defaults,
-# then config files, then flags); a resume takes its checkpoint's, files and flags on top; a
-# fine-tune takes its source's architecture (a retrofit keeps this run's LEV settings). Every
-# problem is a SettingsError of one line.
+# The run, top to bottom
 
 
-def resolve_run(given, explicit):
-    """The run's settings from those given (explicit: the names that files or flags set) ->
-    (settings, the checkpoint to resume or fine-tune, None for a scratch run). out_dir's {name}s
-    are filled in, and a new run's lr_decay_iters=0 is fixed as its max_iters (a resume keeps its
-    schedule)."""
-    s = dict(given)
-    for key in ("lev_c_kernels", "lev_compile"):  # refused rather than silently ignored
-        if key in explicit and not s["lev_fast"]:
-            raise SettingsError(f"{key}={s[key]} is a setting of LEV's fast path, and "
-                                f"lev_fast=False runs none; drop --{key}")
-    warmup, decay = s["warmup_iters"], s["lr_decay_iters"]
-    if s["init_from"] != "resume" and 0 < decay < warmup:  # a resume keeps its own schedule
-        raise SettingsError(f"warmup_iters={warmup} must not exceed lr_decay_iters={decay}")
-    # a fine-tuning run takes the source's architecture first: out_dir's {embedding} is the source's
-    source = None
-    if s["init_from"] not in ("scratch", "resume"):
-        source, architecture = read_source(s, explicit)
-        s.update(architecture)
-        check_settings(s)
-    fit_flags = [key for key in FIT_SETTINGS if key in explicit]
-    if fit_flags and not (source is not None and source["retrofit"]):  # refused, not ignored
-        raise SettingsError(f"{fit_flags[0]}={s[fit_flags[0]]} applies to a {RETROFIT} only, "
-                            f"which this run is not (a resumed run does not fit again); drop "
-                            f"--{fit_flags[0]}")
-    s["out_dir"] = formatted_out_dir(s)
-    cli.check_output_dir(s["out_dir"], "out_dir")
-    path = ckpt_path(s)
-    if s["init_from"] != "resume":  # a new run: from scratch, or fine-tuning a checkpoint
-        # a run is a checkpoint: a log.jsonl alone is a run that stopped before its first save
-        # (Ctrl-C or a failure during the retrofit's fit, say), and the same command starts anew
-        if os.path.exists(path) and not s["overwrite"]:
-            raise SettingsError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
-                                f"--init_from=resume, train into another --out_dir, or pass "
-                                f"--overwrite to replace it")
-        s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed now: a resume keeps it
-        if source is not None and (os.path.realpath(os.path.dirname(source["path"]))
-                                   == os.path.realpath(s["out_dir"])):
-            raise SettingsError(f"--init_from={s['init_from']} is this run's own out_dir; "
-                                f"fine-tune into another --out_dir (or continue that run with "
-                                f"--init_from=resume)")
-        return s, source
-    if not os.path.isfile(path):
-        raise SettingsError(f"{s['out_dir']} holds no ckpt.pt to resume (a run stopped before its "
-                            f"first save keeps none); start it again without --init_from=resume, "
-                            f"or fix --out_dir")
-    ckpt, _ = checkpoints.read_checkpoint(path, "cpu", for_resume=True)
-    s.update(resumed_settings(ckpt, path, s, explicit))
-    check_settings(s)
-    return s, ckpt
+def train(s, explicit):
+    """One run -> its exit code: 0 done, 1 diverged (nothing saved), 130 stopped by Ctrl-C or
+    SIGTERM (saved)."""
+    s, ckpt, source = resolve(s, explicit)
+    resuming, out_dir = s["init_from"] == "resume", s["out_dir"]
+    ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
+    B, T, accum = s["batch_size"], s["block_size"], s["gradient_accumulation_steps"]
+    tokens_per_step = accum * B * T
 
+    # processes (torchrun sets RANK and WORLD_SIZE), device and dtype
+    ddp = "RANK" in os.environ
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    master, local_rank = rank == 0, int(os.environ.get("LOCAL_RANK", 0))
+    log = print if master else (lambda *args, **kwargs: None)
+    device = pick_device(s["device"], ddp, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    dtype = s["dtype"] if s["dtype"] != "auto" else "float32" if device.type != "cuda" else (
+        "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+    autocast = (contextlib.nullcontext() if dtype == "float32"
+                else torch.autocast(device.type, dtype=getattr(torch, dtype)))
+    if accum % world:
+        raise ValueError(f"gradient_accumulation_steps={accum} must be divisible by the number "
+                         f"of processes ({world})")
+    local_accum = accum // world
 
-def check_settings(s):
-    """Each setting's rule in the table, then what one setting alone does not say; the model's are
-    checked by Config itself."""
-    for key, value in s.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SettingsError(f"{key}={value} must be a finite number")
-    check_rules(s, SETTINGS)
-    if s["min_lr"] > s["learning_rate"]:
-        raise SettingsError(f"min_lr={s['min_lr']} must not exceed learning_rate="
-                            f"{s['learning_rate']} (the decay goes down to min_lr)")
-    if set(filter(None, s["freeze"].split(","))) - set(runs.PARTS):
-        raise SettingsError(f"freeze={s['freeze']!r}: choose among {', '.join(runs.PARTS)} "
-                            f"(comma-separated)")
-    if s["init_from"] == "":
-        raise SettingsError("init_from is empty; use scratch, resume, or the path of a checkpoint "
-                            "to fine-tune")
-    if os.path.basename(s["dataset"]) != s["dataset"] or s["dataset"] in ("", ".", ".."):
-        raise SettingsError(f"dataset={s['dataset']!r} must be a folder name under data_dir (use "
-                            f"--data_dir for another folder)")
-    try:  # the model's own checks, before any work
-        Config(vocab_size=2, **{key: s[key] for key in MODEL})
-    except ValueError as e:
-        raise SettingsError(str(e).removeprefix("Config: ")) from None
+    # data: the splits, and fixed evaluation windows (as many of the train split as of val)
+    data_dir = os.path.join(s["data_dir"], s["dataset"])
+    meta, train_data, val_data = load_data(data_dir)
+    if len(train_data) <= T:
+        raise ValueError(f"the train split of {data_dir} has {len(train_data)} tokens, too few "
+                         f"for block_size={T}; use a smaller block_size or more text")
+    val_starts = eval_windows(len(val_data), T, s["eval_iters"] * B or None)
+    train_starts = eval_windows(len(train_data), T, len(val_starts))
 
+    # the model: resumed, fine-tuned from a checkpoint's, or new; the data order's own generator
+    data_order, origin = torch.Generator(), None
+    step, tokens_seen, best_val_loss, elapsed_before = 0, 0, math.inf, 0.0
+    if ckpt:
+        check_same_tokens(ckpt["meta"], meta, source, data_dir, "use data of the same tokens")
+    if resuming:
+        model = build_model(ckpt, source)
+        step, tokens_seen, best_val_loss = ckpt["step"], ckpt["tokens_seen"], ckpt["best_val_loss"]
+        elapsed_before, origin = ckpt.get("elapsed_s", 0.0), ckpt.get("origin")
+        try:
+            assert step >= 0 and tokens_seen >= 0, f"step={step}, tokens_seen={tokens_seen}"
+            data_order.set_state(ckpt["rng"]["data"])
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            if device.type == "cuda" and "cuda" in ckpt["rng"]:
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+        except (AssertionError, KeyError, TypeError, RuntimeError) as e:
+            raise ValueError(f"{source}: its counters or random states (rng) are unusable ({e}); "
+                             f"it was edited or damaged") from None
+        if rank > 0:  # only rank 0's dropout stream is saved
+            torch.manual_seed(s["seed"] + rank + step)
+    else:
+        torch.manual_seed(s["seed"])  # the model's initialization
+        if ckpt:
+            ckpt["model_config"]["dropout"] = s["dropout"]
+            origin = {"checkpoint": source, "step": ckpt.get("step"), "embedding": s["embedding"],
+                      "dataset": ckpt["meta"].get("dataset")}
+            model = build_model(ckpt, source)
+        else:
+            model = GPT(Config(vocab_size=meta["vocab_size"], **{k: s[k] for k in MODEL}))
+        data_order.manual_seed(s["seed"] + DATA_SEED_OFFSET)
+        torch.manual_seed(s["seed"] + rank)  # dropout masks: a stream per process
+    frozen = set(filter(None, s["freeze"].split(",")))
+    head, embedding = {id(model.lm_head.weight)}, {id(p) for p in model.tok_emb.parameters()}
+    for p in model.parameters():  # the tied table is both the embedding and the head
+        parts = {part for part, ids in (("embedding", embedding), ("head", head)) if id(p) in ids}
+        p.requires_grad_(not (parts or {"backbone"}) & frozen)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
+    model.to(device)
+    # the fast paths, each checked against leviathan.py as it stands (an edited model runs as
+    # written where they differ, said in one line)
+    lev = s["lev_fast"] and FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"])
+    install_fast_paths(model, lev=lev or None, lean_head=s["lean_head"],
+                       say=lambda line: log(line, file=sys.stderr, flush=True))
+    optimizer = make_optimizer(model, s, device.type)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
+    if resuming:
+        try:
+            if len(ckpt["optimizer"].get("param_groups", [])) == 4:  # LEV's own two, retired
+                raise ValueError("LEV's own optimizer groups: --lev_lr_scale or --lev_wd_scale, "
+                                 "retired; commit 66d9f67 resumes it")
+            optimizer.load_state_dict(ckpt["optimizer"])
+            if "scaler" in ckpt:
+                scaler.load_state_dict(ckpt["scaler"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"{source}: its optimizer state does not fit the model "
+                             f"({one_line(e)[:200]})") from None
+    del ckpt
 
-def resumed_settings(ckpt, path, s, explicit):
-    """What a resumed run takes from its checkpoint: its run settings, unless a file or flag set
-    them (one newer than the checkpoint keeps its default; each checked, as a hand-edit could hold
-    any type), and its architecture, which a flag may not change."""
-    taken = {}
-    for key, value in ckpt["train_config"].items():
-        if (key in SETTINGS and key not in MODEL and key not in explicit
-                and key not in ("out_dir", "init_from")):
-            set_setting(taken, key, value, f"{path} (train_config)", SETTINGS, CHOICES)
-    for key, value in saved_architecture(ckpt["model_config"]).items():
-        if key in explicit and s[key] != value:  # the checkpoint's model; a flag may not change it
-            raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; a "
-                                f"resumed run keeps its model (drop --{key}, or use another "
-                                f"out_dir)")
-        taken[key] = value
-    return taken
+    # log.jsonl: a resume keeps the records up to its step, and does not evaluate that step again
+    records = read_log(log_path, step) if resuming else []
+    evaluated = step if any(r["step"] == step for r in records) else None
+    if ddp:  # joining waits for every process: all have read the log before it is rewritten
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if master:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write in {out_dir} ({e.strerror})") from None
+        remove_stale_temps(out_dir)
+        write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in records))
+    sizes = model.param_report()
+    log(f"data: {data_dir}, {meta['tokenizer']} tokens, vocab {meta['vocab_size']:,}, train "
+        f"{len(train_data):,}, val {len(val_data):,} tokens ({len(val_starts)} eval windows)")
+    log(f"model: {s['embedding']}, parameters: " + ", ".join(f"{k} {v:,}" for k, v in sizes.items())
+        + (f", trainable {sum(p.numel() for p in model.parameters() if p.requires_grad):,} "
+           f"(frozen: {s['freeze']})" if frozen else ""))
+    if origin:
+        log(f"fine-tuning {origin['checkpoint']} (step {origin['step']}, dataset "
+            f"{origin['dataset']}) with a fresh optimizer and schedule")
+    log(f"device {device}, dtype {dtype}, {world} process(es), {tokens_per_step:,} tokens per "
+        f"step, " + (f"resuming at step {step}" if resuming else f"writing {ckpt_path}"))
+    if resuming and s["max_iters"] > s["lr_decay_iters"]:
+        log(f"note: the cosine decay ends at step {s['lr_decay_iters']} (kept from the "
+            f"checkpoint), then lr stays at min_lr; pass --lr_decay_iters to change the schedule")
 
+    # torch.compile, then DDP; model stays the plain module (evaluation, checkpoints)
+    train_model = torch.compile(model) if s["compile"] else model
+    if ddp:
+        train_model = DDP(train_model, device_ids=[local_rank] if device.type == "cuda" else None)
 
-def read_source(s, explicit):
-    """The checkpoint a fine-tuning run starts from -> (it, the settings it gives the run: its
-    architecture; flags may change dropout only). A retrofit, --embedding=lev from a tied or
-    untied source, keeps LEV's settings from this run instead (source["retrofit"] says which)."""
-    source, path = checkpoints.read_checkpoint(s["init_from"], "cpu")
-    source["retrofit"] = (s["embedding"] == "lev" and "embedding" in explicit
-                          and source["model_config"].get("embedding") in ("tied", "untied"))
-    taken = {}
-    for key, value in saved_architecture(source["model_config"]).items():
-        if source["retrofit"] and (key == "embedding" or key.startswith("lev_")):
-            continue  # the new LEV's settings: this run's flags and defaults
-        if key in explicit and s[key] != value and key != "dropout":
-            raise SettingsError(f"{path} has {key}={value!r}, this run asks for {s[key]!r}; "
-                                f"fine-tuning keeps the source's architecture (drop --{key})")
-        if key != "dropout" or key not in explicit:
-            taken[key] = value
-    source["path"] = path
-    return source, taken
+    def save():  # ckpt.pt: what a resume needs to go on exactly; rank 0 writes it
+        rng = {"data": data_order.get_state(), "torch": torch.get_rng_state()} | (
+            {"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})
+        if master:
+            write_atomic(ckpt_path, {
+                "version": 2, "model": model.state_dict(), "train_config": dict(s),
+                "model_config": dataclasses.asdict(model.config), "meta": meta, "step": step,
+                "tokens_seen": tokens_seen, "best_val_loss": best_val_loss, "rng": rng,
+                "elapsed_s": elapsed_before + time.time() - t_start,
+                "optimizer": optimizer.state_dict()} | ({"origin": origin} if origin else {})
+                | ({"scaler": scaler.state_dict()} if scaler.is_enabled() else {}))
 
+    def diverged(what):
+        kept = "no checkpoint was written" if not os.path.exists(ckpt_path) else (
+            f"{ckpt_path} keeps the last good state")
+        log(f"train.py: error: {what}; stopping without saving, {kept}. Lower learning_rate (or "
+            f"grad_clip), or use dtype=float32 or bfloat16", file=sys.stderr)
+        return 1
 
-def saved_architecture(model_config):
-    """A checkpoint's model settings; a missing one gets its default, which is also what
-    Config(**model_config) gives the model."""
-    return {key: model_config.get(key, entry[0]) for key, entry in MODEL.items()}
+    # Ctrl-C or SIGTERM from here on: the loop finishes its step, saves and stops (main() puts the
+    # handlers back); a second Ctrl-C stops at once
+    stop = []
 
+    def request_stop(signum, frame):
+        stop.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
-def formatted_out_dir(s):
-    """out_dir with its {name}s replaced by those settings, e.g. out-{dataset}-{embedding}: one
-    folder per arm, so that arms do not overwrite each other."""
-    try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(s["out_dir"])
-                  if field is not None]
-        if any(field not in SETTINGS for field in fields):  # no {dataset.upper} or {0}: plain names
-            raise KeyError(next(field for field in fields if field not in SETTINGS))
-        return s["out_dir"].format(**s)
-    except (KeyError, IndexError, ValueError, AttributeError) as e:
-        raise SettingsError(f"out_dir={s['out_dir']!r}: each {{...}} must name a setting, e.g. "
-                            f"{{embedding}} ({type(e).__name__}: {e})") from None
-
-
-def ckpt_path(s):
-    return os.path.join(s["out_dir"], "ckpt.pt")
-
-
-def log_path(s):
-    return os.path.join(s["out_dir"], "log.jsonl")
-
-
-def tokens_per_step(s):
-    return s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
-
-
-# --------------------------------------------------------------------------------------------------
-# The run: a model to train, from scratch, a checkpoint to fine-tune or one to resume
-
-
-def start_run(s, ckpt, data, procs):
-    """The model and the run's counters -> (model, run): run is a dict of step, tokens_seen,
-    best_val_loss, elapsed_before, data_order (the data order's own torch.Generator, apart from the
-    init), origin (the checkpoint a fine-tuning run started from) and fit_table (a retrofit's source
-    table, which train() fits LEV to)."""
-    run = {"step": 0, "tokens_seen": 0, "best_val_loss": float("inf"), "elapsed_before": 0.0,
-           "data_order": torch.Generator(), "origin": None, "fit_table": None}
-    if ckpt is not None and s["init_from"] == "resume":
-        path = ckpt_path(s)
-        runs.check_same_tokens(ckpt["meta"], data, path, "resume on data with the same "
-                               "tokenizer, or train from scratch in another out_dir")
-        model = checkpoints.build_model(ckpt, path, GPT, Config).train()
-        run.update(runs.resumed_state(ckpt, run["data_order"], procs, path, s["seed"]))
-        return model, run
-    torch.manual_seed(s["seed"])  # the model's initialization
-    config = Config(vocab_size=data.meta["vocab_size"], **{key: s[key] for key in MODEL})
-    fresh = GPT(config) if ckpt is None or ckpt["retrofit"] else None  # a retrofit: a new lev model
-    model = fresh if ckpt is None else fine_tuned(ckpt, fresh, s, data, run)
-    run["data_order"].manual_seed(s["seed"] + runs.DATA_SEED_OFFSET)
-    torch.manual_seed(s["seed"] + procs.rank)  # dropout masks: a stream per process
-    return model, run
-
-
-def fine_tuned(source, lev_model, s, data, run):
-    """The source checkpoint's model, with its weights (dropout as this run asks); a retrofit:
-    lev_model, with the source's backbone and head (train() then fits its LEV)."""
-    runs.check_same_tokens(source["meta"], data, source["path"],
-                           "fine-tune on data prepared with the source's tokenizer")
-    source["model_config"]["dropout"] = s["dropout"]
-    run["origin"] = {"checkpoint": source["path"], "step": source.get("step"),
-                     "dataset": source["meta"].get("dataset"),
-                     "embedding": source["model_config"]["embedding"]}
-    # built also for a retrofit: building checks the source (its settings, weights, finiteness)
-    model = checkpoints.build_model(source, source["path"], GPT, Config)
-    if not source["retrofit"]:
-        return model.train()
-    run["fit_table"] = retrofit.transplant(lev_model, source["model"])
-    return lev_model.train()
-
-
-def save_checkpoint(s, model, optimizer, scaler, run, data, procs):
-    """ckpt.pt, atomically (machinery/checkpoints.py), from the first process: what a resume needs
-    to go on exactly (model, optimizer, settings, counters, data order and random states)."""
-    if not procs.master:
-        return
-    ckpt = {"version": checkpoints.CHECKPOINT_VERSION, "model": model.state_dict(),
-            "model_config": dataclasses.asdict(model.config), "train_config": dict(s),
-            "meta": data.meta, "step": run["step"], "tokens_seen": run["tokens_seen"],
-            "best_val_loss": run["best_val_loss"], "elapsed_s": elapsed(run),
-            "optimizer": optimizer.state_dict(), "rng": runs.rng_states(run["data_order"], procs)}
-    if run["origin"] is not None:
-        ckpt["origin"] = run["origin"]
-    if scaler.is_enabled():
-        ckpt["scaler"] = scaler.state_dict()
-    checkpoints.save_checkpoint(ckpt, ckpt_path(s))
-
-
-def elapsed(run):
-    return run["elapsed_before"] + time.time() - run["t_start"]
-
-
-def diverged(what, s, procs):
-    if procs.master:
-        path = ckpt_path(s)
-        kept = (f"{path} keeps the last good state" if os.path.exists(path)
-                else "no checkpoint was written")
-        print(f"train.py: error: {what}; stopping without saving, {kept}. Lower learning_rate "
-              f"(or grad_clip), or use dtype=float32 or bfloat16", file=sys.stderr)
-
-
-# --------------------------------------------------------------------------------------------------
-# Training
-
-
-def train_loop(s, model, train_model, optimizer, scaler, run, data, procs, stop_signal,
-               evaluated=None):
-    """Evaluate and save every eval_interval steps (and at the last, but not at step `evaluated`,
-    whose record the log already holds); between, one optimizer step at a time, with a progress
-    line every log_interval steps. model: the plain module (evaluation, checkpoints); train_model:
-    what steps (torch.compile'd, DDP-wrapped). Returns the exit code: 0 done, 1 diverged (nothing
-    saved: a non-finite loss, gradient norm, val loss or weight), 130 stopped by Ctrl-C or SIGTERM
-    (saved after the step)."""
-    grad_stats = GradStats(model, s["grad_clip"])  # the steps since the previous record
-    t_log, steps_since_log, clipped_since_log, eval_s = time.time(), 0, 0, 0.0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, request_stop)
+    # the device is read only at progress lines, evaluations and saves (each a sync point on a GPU):
+    # in between, the gradient norms add up on the device, since the last record and line
+    grad_stats = torch.zeros(2, 3, device=device)  # the norms' sum, steps counted, steps clipped
+    t_start = t_line = time.time()
+    eval_s, steps_since_line = 0.0, 0
     while True:
-        step = run["step"]
+        # evaluate, log and save every eval_interval steps and at the last
         if (step % s["eval_interval"] == 0 or step == s["max_iters"]) and step != evaluated:
-            eval_s = evaluate_and_save(s, model, train_model, optimizer, scaler, run, data, procs,
-                                       grad_stats)
-            if eval_s is None:
-                return 1
-            t_log = time.time()  # progress lines time the training steps only
+            t_eval, eval_model = time.time(), train_model.module if ddp else train_model
+            train_loss = estimate_loss(eval_model, train_data, train_starts, s, device, autocast)
+            val_loss = estimate_loss(eval_model, val_data, val_starts, s, device, autocast)
+            eval_s = time.time() - t_eval
+            if not (math.isfinite(val_loss + train_loss)
+                    and all(torch.isfinite(p).all() for p in model.parameters())):
+                return diverged(f"the val loss is {val_loss} at step {step}")
+            best_val_loss = min(best_val_loss, val_loss)
+            norm_sum, counted, clipped = grad_stats[0].tolist()
+            grad_stats[0] = 0
+            record = {"step": step, "tokens": tokens_seen, "train_loss": train_loss,
+                      "val_loss": val_loss, "lr": get_lr(step, s),
+                      "grad_norm": norm_sum / counted if counted else None,
+                      "clip_fraction": clipped / counted if counted and s["grad_clip"] else None,
+                      "elapsed_s": round(elapsed_before + time.time() - t_start, 3),
+                      "embedding": s["embedding"]}
+            record |= {"init_from": origin["checkpoint"]} if origin else {}
+            if master:
+                with open(log_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+            # step 0's state is what the same command builds again: saved only if the run ends
+            # there, so that a run that fails in its first steps can be run again as it was
+            saved = step > 0 or step == s["max_iters"]
+            if saved:
+                save()
+            log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
+                f"{best_val_loss:.4f}), eval {eval_s:.1f} s" + (f", saved {ckpt_path}" * saved))
+            t_line = time.time()  # progress lines time the training steps only
         if step >= s["max_iters"]:
             return 0
-        stepped = optimizer_step(s, model, train_model, optimizer, scaler, run, data, procs,
-                                 grad_stats, stop_signal)
-        if stepped is None:  # diverged
-            return 1
-        step_loss, lr, grad_norm, stop = stepped
-        steps_since_log += 1
-        clipped_since_log += clipped(grad_norm, s["grad_clip"])
-        if run["step"] % s["log_interval"] == 0 or stop:
-            step_s = (time.time() - t_log) / steps_since_log
-            evals_left = (s["max_iters"] // s["eval_interval"] - run["step"] // s["eval_interval"]
-                          + (s["max_iters"] % s["eval_interval"] > 0))
-            eta = (s["max_iters"] - run["step"]) * step_s + evals_left * eval_s
-            clip = (f" | clipped {100 * clipped_since_log / steps_since_log:.0f}%"
-                    if s["grad_clip"] > 0 else "")
-            procs.log(f"step {run['step']}/{s['max_iters']} | loss {step_loss:.4f} | lr {lr:.2e} | "
-                      f"grad norm {grad_norm:.3f}{clip} | {1000 * step_s:.0f} ms/step | "
-                      f"{tokens_per_step(s) / step_s:,.0f} tok/s | ETA {runs.format_seconds(eta)}")
-            t_log, steps_since_log, clipped_since_log = time.time(), 0, 0
-        if stop:
-            save_checkpoint(s, model, optimizer, scaler, run, data, procs)
-            procs.log(f"stopped at step {run['step']}; saved {ckpt_path(s)}. Continue with: "
-                      f"python train.py --out_dir={s['out_dir']} --init_from=resume")
-            return 130
+
+        # one optimizer step: accum * B windows, drawn for all processes together
+        lr = get_lr(step, s)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(len(train_data) - T, (accum * B,), generator=data_order).numpy()
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(local_accum):
+            first = (rank * local_accum + micro) * B
+            x, y = get_batch(train_data, starts[first:first + B], T, device)
+            if ddp:  # average the gradients across processes after the last micro-step only
+                train_model.require_backward_grad_sync = micro == local_accum - 1
+            with autocast:
+                _, loss = train_model(x, y, z_loss=s["z_loss"])
+            loss_sum += loss.detach()
+            scaler.scale(loss / local_accum).backward()
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"] or math.inf)
+        counted = torch.isfinite(grad_norm)  # float16: the GradScaler skips a step of inf grads
+        clipped = counted & (grad_norm > s["grad_clip"]) & (s["grad_clip"] > 0)
+        grad_stats += torch.stack([grad_norm.where(counted, 0), counted, clipped])
+        # a progress line reads the loss before the step: a non-finite one stops the run with the
+        # weights intact. DDP: the processes agree there on a stop request, in the all-reduce of
+        # the loss, so that all stop after the same step (no sync on the other steps)
+        steps_since_line += 1
+        line = (step + 1) % s["log_interval"] == 0 or (stop and not ddp)
+        if line:
+            shared = torch.stack([loss_sum / local_accum, torch.tensor(len(stop), device=device)])
+            if ddp:
+                dist.all_reduce(shared)
+            step_loss, stopping = (v / world for v in shared.tolist())
+            bad_norm = not scaler.is_enabled() and not math.isfinite(grad_norm.item())
+            if not math.isfinite(step_loss) or bad_norm:
+                what = (f"loss is {step_loss}" if not math.isfinite(step_loss)
+                        else f"gradient norm is {grad_norm.item()}")
+                return diverged(f"the {what} at step {step}")
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += tokens_per_step
+        if line:
+            step_s = (time.time() - t_line) / steps_since_line
+            evals_left = -(-s["max_iters"] // s["eval_interval"]) - step // s["eval_interval"]
+            eta = int((s["max_iters"] - step) * step_s + evals_left * eval_s)
+            _, counted, clipped = grad_stats[1].tolist()
+            grad_stats[1] = 0
+            log(f"step {step}/{s['max_iters']} | loss {step_loss:.4f} | lr {lr:.2e} | grad norm "
+                f"{grad_norm.item():.3f}" + (f" | clipped {100 * clipped / max(counted, 1):.0f}%"
+                                             if s["grad_clip"] else "")
+                + f" | {1000 * step_s:.0f} ms/step | {tokens_per_step / step_s:,.0f} tok/s | ETA "
+                f"{eta // 60}m{eta % 60:02d}s")
+            t_line, steps_since_line = time.time(), 0
+            if stopping:
+                save()
+                log(f"stopped at step {step}; saved {ckpt_path}. Continue with: python train.py "
+                    f"--out_dir={out_dir} --init_from=resume")
+                return 130
 
 
-def evaluate_and_save(s, model, train_model, optimizer, scaler, run, data, procs, grad_stats):
-    """Estimate both splits' losses, append a record to log.jsonl and write ckpt.pt -> the seconds
-    the evaluation took, or None (said) where the model diverged."""
-    step, t_eval = run["step"], time.time()
-    fast_model = train_model.module if procs.ddp else train_model  # no DDP in evaluation
-    train_loss = estimate_loss(fast_model, data.train, data.train_starts, s, procs)
-    val_loss = estimate_loss(fast_model, data.val, data.val_starts, s, procs)
-    eval_s = time.time() - t_eval
-    if not (math.isfinite(val_loss) and math.isfinite(train_loss) and runs.all_finite(model)):
-        diverged(f"the val loss is {val_loss} at step {step}", s, procs)
-        return None
-    run["best_val_loss"] = min(run["best_val_loss"], val_loss)
-    record = {"step": step, "tokens": run["tokens_seen"], "train_loss": train_loss,
-              "val_loss": val_loss, "lr": get_lr(step, s), **grad_stats.record(),
-              "elapsed_s": round(elapsed(run), 3), "embedding": s["embedding"]}
-    if run["origin"] is not None:
-        record["init_from"] = run["origin"]["checkpoint"]
-        if step == 0 and "retrofit" in run["origin"]:  # the fit's figures, once
-            record["retrofit"] = run["origin"]["retrofit"]
-    if procs.master:
-        with open(log_path(s), "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-    save_checkpoint(s, model, optimizer, scaler, run, data, procs)
-    procs.log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
-              f"{run['best_val_loss']:.4f}), eval {eval_s:.1f} s, saved {ckpt_path(s)}")
-    return eval_s
+def pick_device(name, ddp, local_rank):
+    """--device -> a torch.device: auto is cuda, else mps, else cpu; one asked for must be here."""
+    here = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": 1}
+    name = next(d for d in here if here[d]) if name == "auto" else name
+    if not here[name] or (ddp and name == "mps"):
+        raise ValueError(f"--device={name}: torch sees no such device here" if not here[name]
+                         else "DDP runs on cuda (nccl) or cpu (gloo), not mps; use --device=cpu")
+    return torch.device(f"cuda:{local_rank}" if name == "cuda" and ddp else name)
 
 
-def optimizer_step(s, model, train_model, optimizer, scaler, run, data, procs, grad_stats,
-                   stop_signal):
-    """One optimizer step over gradient_accumulation_steps * batch_size windows, drawn for all
-    processes together so that the data order does not depend on how many share the work -> (the
-    step's mean loss, its learning rate, its gradient norm before clipping, whether any process was
-    asked to stop), or None (said) where the loss or the gradient norm is not finite."""
-    T, B, accum = s["block_size"], s["batch_size"], s["gradient_accumulation_steps"]
-    lr = get_lr(run["step"], s)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    starts = torch.randint(len(data.train) - T, (accum * B,), generator=run["data_order"]).numpy()
-    loss_sum = torch.zeros((), device=procs.device)
-    for micro in range(procs.local_accum):
-        first = (procs.rank * procs.local_accum + micro) * B
-        x, y = get_batch(data.train, starts[first:first + B], T, procs.device)
-        if procs.ddp:  # average gradients across processes only after the last micro-step
-            train_model.require_backward_grad_sync = micro == procs.local_accum - 1
-        with procs.autocast:
-            _, loss = train_model(x, y, z_loss=s["z_loss"])
-        loss_sum += loss.detach()
-        scaler.scale(loss / procs.local_accum).backward()
-    scaler.unscale_(optimizer)
-    grad_stats.measure_parts()  # before clipping changes the gradients
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"] or math.inf)
-    # the mean over processes, in one all-reduce: the step's loss, and whether a signal asked any
-    # process to stop
-    step_loss, stopping = procs.mean([loss_sum / procs.local_accum, float(bool(stop_signal))])
-    # float16's GradScaler skips an inf-gradient step itself; elsewhere the step writes NaNs
-    bad_grad = not scaler.is_enabled() and not torch.isfinite(grad_norm)
-    if not math.isfinite(step_loss) or bad_grad:
-        what = "loss" if not math.isfinite(step_loss) else "gradient norm"
-        value = step_loss if what == "loss" else grad_norm.item()
-        diverged(f"the {what} is {value} at step {run['step']}", s, procs)
-        return None
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    run["step"] += 1
-    run["tokens_seen"] += tokens_per_step(s)
-    grad_norm = grad_norm.item()
-    grad_stats.add(grad_norm)
-    return step_loss, lr, grad_norm, stopping > 0
+def read_log(path, last_step):
+    """log.jsonl's records up to last_step (a later one is of a run that went on, redone now)."""
+    records = []
+    with (contextlib.suppress(FileNotFoundError),
+          open(path, encoding="utf-8", errors="replace") as f):
+        for n, line in enumerate(f, 1):
+            try:
+                record = json.loads(line) if line.strip() else {"step": math.inf}
+                records += [record] if record["step"] <= last_step else []
+            except (ValueError, KeyError, TypeError, RecursionError, MemoryError):
+                raise ValueError(f"{path}:{n} is not a log record; fix or delete that line, then "
+                                 f"resume") from None
+    return records
 
 
-def train(given, explicit):
-    """One run: its settings, data and model, then train_loop -> the exit code."""
-    s, ckpt = resolve_run(given, explicit)
-    resuming = s["init_from"] == "resume"
-    procs = runs.Processes(s["device"], s["dtype"], s["gradient_accumulation_steps"])
-    data = runs.Data(s["data_dir"], s["dataset"], s["block_size"],
-                     s["eval_iters"] * s["batch_size"] or None)
-    if procs.master:
-        cli.remove_stale_temps(s["out_dir"])  # half-written files of runs killed mid-save
-    model, run = start_run(s, ckpt, data, procs)
-    runs.freeze(model, set(filter(None, s["freeze"].split(","))))
-    if not any(p.requires_grad for p in model.parameters()):
-        raise SettingsError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
-    model.to(procs.device)
-    # the fast paths, each checked against leviathan.py as it stands on this device (an edited
-    # model runs as written where they differ, said in one line)
-    lev = None
-    if s["lev_fast"]:
-        lev = FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"])
-    install_fast_paths(model, lev=lev, lean_head=s["lean_head"], say=procs.note)
-    optimizer = make_optimizer(model, s, procs.device.type)
-    scaler = torch.amp.GradScaler(procs.device.type, enabled=procs.dtype == "float16")
-    if resuming:
-        runs.load_optimizer_state(ckpt, optimizer, scaler, ckpt_path(s))
-    del ckpt
-    run["t_start"] = time.time()
-    # joining the group waits for every process: all have checked out_dir before log.jsonl exists
-    if procs.ddp:
-        dist.init_process_group(backend="nccl" if procs.device.type == "cuda" else "gloo")
-    log_file = log_path(s)
-    logged = procs.from_master(resuming and runs.logged(log_file, run["step"]))
-    evaluated = run["step"] if logged else None  # its record is in the log: not evaluated again
-    if procs.master:
-        runs.start_log(log_file, resuming, run["step"])
-    report_start(model, run, data, procs, s)
-    if run["fit_table"] is not None:  # a retrofit: fit LEV to the source's table, then free it
-        fit = {key: s[key] for key in FIT_SETTINGS}
-        run["origin"]["retrofit"] = retrofit.retrofit(model.tok_emb, run.pop("fit_table"),
-                                                      data.train, **fit,
-                                                      log_interval=s["log_interval"],
-                                                      seed=s["seed"], log=procs.log)
-    # wrap: torch.compile, then DDP; model stays the plain module (checkpoints, evaluation)
-    train_model = torch.compile(model) if s["compile"] else model
-    if procs.ddp:
-        on_gpu = procs.device.type == "cuda"
-        train_model = DDP(train_model, device_ids=[procs.local_rank] if on_gpu else None)
-    try:
-        with runs.stop_requests() as stop_signal:  # Ctrl-C or SIGTERM: finish the step, save, stop
-            return train_loop(s, model, train_model, optimizer, scaler, run, data, procs,
-                              stop_signal, evaluated)
-    finally:
-        if procs.ddp:
-            del train_model  # DDP uses the process group: release it first
-            dist.destroy_process_group()
+def remove_stale_temps(folder):
+    """Remove the NAME.tmpPID files of writers killed mid-write (their process is gone)."""
+    for tmp in glob.glob(os.path.join(glob.escape(folder), "*.tmp*")):
+        pid = tmp.rpartition(".tmp")[2]
+        with contextlib.suppress(PermissionError, OverflowError, ValueError):
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                os.remove(tmp)
 
 
-def report_start(model, run, data, procs, s):
-    """What the run trains on, with, where, and from which step."""
-    report = model.param_report()
-    procs.log(f"data: {data.dir}, {data.meta['tokenizer']} tokens, vocab "
-              f"{data.meta['vocab_size']:,}, train {len(data.train):,}, val {len(data.val):,} "
-              f"tokens ({len(data.val_starts)} eval windows per split)")
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    procs.log(f"model: {s['embedding']}, parameters: input embedding "
-              f"{report['input_embedding']:,}, backbone {report['backbone']:,}, head "
-              f"{report['head']:,}, total {report['total']:,}"
-              + (f", trainable {trainable:,} (frozen: {s['freeze']})" if s["freeze"] else ""))
-    if run["origin"] is not None:
-        procs.log(f"fine-tuning {run['origin']['checkpoint']} (step {run['origin']['step']}, "
-                  f"dataset {run['origin']['dataset']}) with a fresh optimizer and schedule")
-    where = (f"resuming at step {run['step']}" if s["init_from"] == "resume"
-             else f"writing {ckpt_path(s)}")
-    procs.log(f"device {procs.device}, dtype {procs.dtype}, {procs.world} process(es), "
-              f"{tokens_per_step(s):,} tokens per step, {where}")
-    if s["init_from"] == "resume" and s["max_iters"] > s["lr_decay_iters"] > 0:
-        procs.log(f"note: the cosine decay ends at step {s['lr_decay_iters']} (lr_decay_iters, "
-                  f"kept from the checkpoint), then lr stays at min_lr; pass --lr_decay_iters to "
-                  f"change the schedule")
-
-
-def what_was_kept(s):
-    """After a stop outside the training loop: what out_dir holds, and how to go on (s: the
-    settings as given, out_dir's {name}s not yet filled in)."""
-    try:
-        out_dir = s and formatted_out_dir(s)
-    except SettingsError:
-        out_dir = None
-    if not out_dir or not os.path.isdir(out_dir):
-        return "nothing was written"
-    if os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
-        return (f"{out_dir}/ckpt.pt keeps the last saved state; continue with --out_dir={out_dir} "
-                f"--init_from=resume")
-    return "no checkpoint was saved yet: the same command starts the run again"
+def one_line(text):
+    return " ".join(str(text).split())
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print(help_text(__doc__, SETTINGS))
+        print(__doc__.strip() + "\n\nsettings (--key=value, default shown):")
+        for key, (default, text, *_) in SETTINGS.items():
+            print(f"  --{key}={default}".ljust(38) + f" {text}")
         return 0
-    settings = None
+    s, code = None, 2
     try:
-        settings, explicit = parse_args(argv, SETTINGS, CHOICES, "train.py")
-        check_settings(settings)
-        return train(settings, explicit)
-    except KeyboardInterrupt:  # outside the training loop (which saves, then stops): at once
-        if os.environ.get("RANK", "0") == "0":
-            print(f"train.py: stopped (Ctrl-C); {what_was_kept(settings)}",
-                  file=sys.stderr)
-        return 130
-    except (ValueError, OSError) as e:  # bad settings, data or checkpoint (SettingsError included)
-        message = cli.one_line(e) + runs.advice_for_os_error(e)
+        s, explicit = parse_args(argv)
+        return train(s, explicit)
+    except KeyboardInterrupt:  # outside the loop (which saves, then stops): at once
+        try:
+            path = os.path.join(formatted_out_dir(s), "ckpt.pt")
+        except (TypeError, ValueError):  # no settings yet, or a bad out_dir
+            path = ""
+        message, code = "stopped (Ctrl-C); " + (
+            f"{path} keeps the last saved state" if os.path.isfile(path) else
+            "no checkpoint was saved yet: the same command starts the run again"), 130
+    except (ValueError, OSError) as e:  # bad settings, data or checkpoint; a refusal to write
+        write = "; train into a folder you can write to (--out_dir)"
+        advice = {errno.EROFS: write, errno.EACCES: write,
+                  errno.ENOSPC: "; free disk space or train into another --out_dir"}
+        message = one_line(e) + advice.get(getattr(e, "errno", None), "")
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not isinstance(e, MemoryError) and "memory" not in str(e):
             raise  # a bug, not the machine's limit: its traceback is what a report needs
-        message = (f"out of memory ({cli.one_line(e)[:150]}); use a smaller batch_size, block_size "
-                   f"or model, or gradient_accumulation_steps")
+        message = (f"out of memory ({one_line(e)[:150]}); use a smaller batch_size, block_size or "
+                   f"model, or gradient_accumulation_steps")
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if dist.is_initialized():
+            dist.destroy_process_group()
     if os.environ.get("RANK", "0") == "0":
-        print(f"train.py: error: {message}", file=sys.stderr)
-    return 2
+        print(f"train.py: {'error: ' if code == 2 else ''}{message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ from lab.evaluation import check_args, labels, load_data, read_curve, scored_on,
 from leviathan import GPT, Config
 from machinery import cli, devices
 from machinery.checkpoints import load_checkpoint
-from machinery.dataset import BUCKET_LOWER, BUCKETS, eval_windows, get_tokenizer, train_counts
+from machinery.dataset import BUCKET_LOWER, BUCKETS, get_tokenizer, train_counts
+from train import eval_windows  # the windows train.py's val loss scores
 
 LAMBADA_RULE = """\
 LAMBADA-style task: the validation split is decoded with the checkpoints' tokenizer and cut into

@@ -83,7 +83,8 @@ def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli
         ([f"--out_dir={tmp_path / 'a_file'}"], "is a file, not a folder"),
         ([f"--out_dir={tmp_path / 'a_file' / 'below'}"], "cannot write in"),
         (["--init_from="], "init_from is empty"),
-        ([str(tmp_path / "latin1.py")], "latin1.py is not UTF-8 text (byte 5)"),
+        ([str(tmp_path / "latin1.py")],
+         "latin1.py: 'utf-8' codec can't decode byte 0xe9 in position 5"),
         (["--max_iters=1e3"], "max_iters=1000.0 must be an integer"),
     ]
     for args, message in cases:
@@ -98,9 +99,9 @@ def test_train_refuses_damaged_data(tmp_path, char_data, run_cli):
     meta_path = char_data / "tiny_char" / "meta.json"
     meta = meta_path.read_text()
     for bad, message in [(meta.replace('"uint16"', '"float64"'),
-                          "dtype='float64' is not uint16 or uint32"),
+                          "needs dtype uint16 or uint32"),
                          (meta.replace('"train_tokens": ', '"train_tokens": -'),
-                          "must be non-negative integers"),
+                          "train_tokens and val_tokens non-negative integers"),
                          ("[1, 2]", "lacks tokenizer")]:
         meta_path.write_text(bad)
         code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=1")
@@ -129,15 +130,15 @@ def test_resuming_an_edited_or_foreign_checkpoint_is_refused(tmp_path, char_data
         (edited_checkpoint(trained, tmp_path / "str_step", lambda c: c.update(step="2")),
          "'step' is a str"),
         (edited_checkpoint(trained, tmp_path / "bad_rng", lambda c: c.update(rng={"data": 3})),
-         "its random states (rng) are unusable"),
+         "random states (rng) are unusable"),
         (edited_checkpoint(trained, tmp_path / "bad_opt",
                            lambda c: c["optimizer"].update(param_groups=[])),
          "its optimizer state does not fit the model"),
         (edited_checkpoint(trained, tmp_path / "lev_groups", lambda c: c["optimizer"].update(
             param_groups=[dict(g, params=g["params"][i::2]) for g in c["optimizer"]["param_groups"]
                           for i in (0, 1)])),
-         "has LEV's own optimizer groups (--lev_lr_scale or --lev_wd_scale, retired); commit "
-         "66d9f67 resumes it"),
+         "LEV's own optimizer groups: --lev_lr_scale or --lev_wd_scale, retired; commit 66d9f67 "
+         "resumes it"),
         (edited_checkpoint(trained, tmp_path / "bad_weights",
                            lambda c: c["model"].pop("norm.weight")),
          "the weights do not fit its model settings"),
@@ -158,18 +159,23 @@ def test_a_run_stopped_before_its_first_save_is_started_again(tmp_path, char_dat
     out = tmp_path / "out"
     out.mkdir()
     (out / "log.jsonl").write_text('{"step": 0, "tokens": 0, "val_loss": 9.0}\n')
-    data = train.runs.Data
+    data = train.load_data
 
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train.runs, "Data", interrupted)
+    monkeypatch.setattr(train, "load_data", interrupted)
     code, _, err = train_cli(run_cli, char_data, out, "--max_iters=2")
     assert code == 130 and err.count("\n") == 1 and "no checkpoint was saved yet" in err
-    monkeypatch.setattr(train.runs, "Data", data)
+    monkeypatch.setattr(train, "load_data", data)
     code, _, err = train_cli(run_cli, char_data, out, "--max_iters=2", "--eval_interval=2")
     assert code == 0, err
     assert (out / "ckpt.pt").exists()
+    # stopped while a resume loads its data: the checkpoint is kept, and said
+    monkeypatch.setattr(train, "load_data", interrupted)
+    code, _, err = train_cli(run_cli, char_data, out, "--init_from=resume", "--max_iters=4")
+    assert code == 130 and err.count("\n") == 1
+    assert f"{out}/ckpt.pt keeps the last saved state" in err
 
 
 def test_a_scratch_run_never_replaces_a_run_unless_asked(tmp_path, char_data, run_cli, trained):
@@ -369,7 +375,7 @@ def test_more_damage_found_by_probing(tmp_path, char_data, run_cli, trained):
     for args, message in [(["--warmup_iters=10", "--lr_decay_iters=2"],
                            "warmup_iters=10 must not exceed"),
                           (["--out_dir=out-{dataset.upper}"], "each {...} must name a setting"),
-                          ([str(tmp_path / "deep.py")], "is nested too deeply")]:
+                          ([str(tmp_path / "deep.py")], "deep.py: nested too deeply to read")]:
         code, _, err = run_cli(train.main, [f"--data_dir={char_data}", "--dataset=tiny_char",
                                             f"--out_dir={tmp_path / 'new'}", *TINY, *args])
         assert_one_line(code, err, message, "train.py")
@@ -415,14 +421,14 @@ def test_log_and_config_files_no_parser_reads_are_one_line_with_their_line(tmp_p
     configs = {
         "lists.py": (f"n_layer = 2\nn_head = {deep}\n", "lists.py, line 2: too many nested"),
         "minus.py": ("n_layer = 2\nn_head = (\n" + "-" * 100_000 + "1)\n",
-                     "minus.py is nested too deeply to read"),
+                     "minus.py: nested too deeply to read"),
         "unhashable.py": ("n_layer = {[]: 1}\n",
                           "unhashable.py line 1: the value of n_layer must be a literal"),
         "surrogate.py": ('dataset = "tiny\\ud800"\n',
                          "surrogate.py line 1: the value of dataset holds a surrogate escape"),
-        "nul.py": ("n_layer = 2\n\0\n", "nul.py, line 2: a NUL byte"),
+        "nul.py": ("n_layer = 2\n\0\n", "cannot contain null bytes"),
         "latin1.py": ("n_layer = 2\n# caf\xe9\n",
-                      "latin1.py is not UTF-8 text (byte 17) on line 2"),
+                      "latin1.py: 'utf-8' codec can't decode byte 0xe9 in position 17"),
     }
     for name, (content, message) in configs.items():
         encoding = "latin-1" if name == "latin1.py" else "utf-8"

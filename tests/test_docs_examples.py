@@ -19,7 +19,8 @@ PROJECT = ["leviathan.py", "train.py", "sample.py", "prepare_data.py", "lab", "k
            "machinery", "config"]
 # the example each diff is, found by a line only it adds
 DIFFS = {"schedule": '+    "schedule": (', "weight_norm": "+def weight_norm(model):",
-         "sgd": '+    "optimizer": (', "extra_eval": '+    "extra_dataset": ('}
+         "sgd": '+    "optimizer": (', "extra_eval": '+    "extra_dataset": (',
+         "grad_norms": "+def grad_parts(model):"}
 
 
 def examples(kind):
@@ -97,6 +98,32 @@ def test_sgd_and_its_resume(tmp_path, char_data):
     assert [r["step"] for r in records(out)] == [0, 2, 4]
 
 
+def test_the_gradient_norm_of_each_part(tmp_path, char_data):
+    """With one step per record, the parts' norms make up the total exactly; LEV's parts make up
+    the embedding's; the tied table is one part, embedding+head; frozen parts are left out."""
+    import math
+
+    copy = copy_of_project(tmp_path / "copy", the_diff("grad_norms"))
+    train(copy, char_data, tmp_path / "lev", "--max_iters=2", "--eval_interval=1")
+    first, *others = records(tmp_path / "lev")
+    assert first["grad_norms"] is None  # no step yet
+    for r in others:
+        parts = r["grad_norms"]
+        assert list(parts) == ["embedding", "lev.codebooks", "lev.seed_proj", "lev.ln",
+                               "lev.spline", "lev.out_proj", "backbone", "head"]
+        assert all(math.isfinite(norm) and norm > 0 for norm in parts.values())
+        whole = math.hypot(parts["embedding"], parts["backbone"], parts["head"])
+        assert whole == pytest.approx(r["grad_norm"], rel=1e-5)
+        lev_whole = math.hypot(*(parts[k] for k in parts if k.startswith("lev.")))
+        assert lev_whole == pytest.approx(parts["embedding"], rel=1e-5)
+    train(copy, char_data, tmp_path / "tied", "--max_iters=1", "--eval_interval=1",
+          "--embedding=tied")
+    assert list(records(tmp_path / "tied")[-1]["grad_norms"]) == ["embedding+head", "backbone"]
+    train(copy, char_data, tmp_path / "ft", f"--init_from={tmp_path / 'lev'}", "--max_iters=1",
+          "--eval_interval=1", "--freeze=embedding,backbone")
+    assert list(records(tmp_path / "ft")[-1]["grad_norms"]) == ["head"]
+
+
 def test_the_extra_evaluation(tmp_path, char_data, text):
     prepare_text(text[::-1], "char", str(char_data / "reversed"), "reversed", "synthetic")
     copy = copy_of_project(tmp_path / "copy", the_diff("extra_eval"))
@@ -119,13 +146,14 @@ def test_a_z_loss_as_the_page_says(tmp_path, char_data):
     assert losses[True] == pytest.approx(losses[False], abs=2e-4) and len(losses[True]) == 3
     train_file = copy / "train.py"
     source = train_file.read_text()
-    line = '            _, loss = train_model(x, y, z_loss=s["z_loss"])\n'
+    line = '                _, loss = train_model(x, y, z_loss=s["z_loss"])\n'
     assert source.count(line) == 1
     train_file.write_text(source.replace(line, (
-        "            logits, loss = train_model(x, y)\n"
-        "            loss = loss + 1e-4 * logits.logsumexp(-1).pow(2).mean()\n")))
+        "                logits, loss = train_model(x, y)\n"
+        "                loss = loss + 1e-4 * logits.logsumexp(-1).pow(2).mean()\n")))
     _, err = train(copy, char_data, tmp_path / "edited", "--max_iters=1", expect=2)
     assert err.count("\n") == 1 and "--z_loss" in err and "--lean_head=False" in err
+    assert not (tmp_path / "edited" / "ckpt.pt").exists()  # the same command can run again
     train(copy, char_data, tmp_path / "edited-plain", "--max_iters=1", "--lean_head=False")
 
 
@@ -164,22 +192,6 @@ def test_the_fine_tuning_recipe(tmp_path, text):
         [first, *_] = records(copy / f"out-b-{arm}")
         assert first["init_from"].startswith(f"out-a-{arm}")
         assert f"out-b-{arm}" in stdout
-
-
-def test_the_retrofit_recipe(tmp_path, text):
-    [recipe] = [r for r in examples("bash") if "out-retrofit-tied-ft" in r]
-    copy = copy_of_project(tmp_path / "copy")
-    tiny_config(copy)
-    prepare_text(text, "char", str(copy / "data" / "shakespeare"), "shakespeare", "synthetic")
-    train(copy, copy / "data", copy / "out-shakespeare-cpu-tied", "--dataset=shakespeare",
-          "--embedding=tied", "--max_iters=2", "--eval_interval=2")
-    stdout = run_recipe(recipe, copy, [
-        ("--embedding=lev \\", "--embedding=lev --fit_steps=5 --fit_batch=64 --eval_iters=2 \\"),
-        ("--max_iters=100 --lr_decay_iters=100", "--max_iters=2 --lr_decay_iters=2")])
-    fitted = records(copy / "out-retrofit-tied")
-    assert [r["step"] for r in fitted] == [0] and fitted[0]["retrofit"]["fit_steps"] == 5
-    assert [r["step"] for r in records(copy / "out-retrofit-tied-ft")][-1] == 2
-    assert "out-retrofit-tied-ft" in stdout
 
 
 def test_the_model_page_parameter_recipe():
