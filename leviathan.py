@@ -19,7 +19,7 @@ The file is the whole model, top to bottom:
        "factorized" a V x E table, then E -> n_embd, + untied head, E matching LEV's size (ALBERT)
      and generation with a KV cache.
 
-It runs as written. The scripts make two narrow functions faster (machinery/fast_paths.py): LEV's
+It runs as written. The scripts make two narrow functions faster (kernels/fast_paths.py): LEV's
 spline product and the loss of the V-wide head, each tested equal to the code here (float64, values
 and gradients) and checked against it when installed. Two hooks, both None here, are all this file
 shows of them: LEV.fast_embed and GPT.fast_loss.
@@ -216,7 +216,7 @@ class LEV(DigitCodebooks):
         # 1/sqrt(h): the h heads' outputs are summed
         w_out = torch.randn(h, r, c.n_embd) * c.lev_out_init_std / math.sqrt(h)
         self.out_proj = nn.Parameter(w_out)  # W_out
-        self.fast_embed = None  # hook: a run's fast path, (lev, ids) -> E (machinery/fast_lev.py)
+        self.fast_embed = None  # hook: a run's fast path, (lev, ids) -> E (kernels/fast_lev.py)
 
     # -- the recipe, step by step (digits and seed: DigitCodebooks) --
 
@@ -438,7 +438,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList([Block(c, layer) for layer in range(c.n_layer)])
         self.norm = RMSNorm(c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)  # hidden state -> logits
-        self.fast_loss = None  # hook: a run's memory-lean head (machinery/lean_head.py)
+        self.fast_loss = None  # hook: a run's memory-lean head (kernels/lean_head.py)
         cos, sin = rotary_tables(c.n_embd // c.n_head, c.block_size)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -546,6 +546,10 @@ class GPT(nn.Module):
             raise ValueError(f"top_k={top_k} must be >= 1")
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        if idx.shape[1] < 1:
+            raise ValueError("the prompt is empty: generation needs at least one token to follow")
         return self._stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache)
 
     # inference_mode, not just no_grad: tensors made here skip autograd's version counting, less

@@ -253,17 +253,24 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
     return per_token.sum() / (targets != ignore_index).sum()
 
 
+def refuse(*args, **kwargs):
+    raise ValueError(MESSAGE)
+
+
 class NoLogits:
     """What GPT.forward gives in place of the logits under the lean head, which never builds them
-    all: using it raises one line that says what to do (a bare None would raise a traceback about
-    NoneType, far from the cause)."""
+    all: any use raises one line that says what to do (a bare None would raise a traceback about
+    NoneType, far from the cause). A method, an index, an operator, or a torch function
+    (torch.softmax(logits, -1), F.cross_entropy(logits, y): __torch_function__ is torch's hook)."""
+
+    __torch_function__ = classmethod(refuse)
+    __getitem__ = __iter__ = __len__ = __bool__ = __float__ = __int__ = __array__ = refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __matmul__ = refuse
+    __truediv__ = __rtruediv__ = __pow__ = __neg__ = __lt__ = __le__ = __gt__ = __ge__ = refuse
 
     def __getattr__(self, name):
         if name.startswith("_"):  # Python's and torch's own lookups
             raise AttributeError(name)
-        raise ValueError(MESSAGE)
-
-    def __getitem__(self, index):
         raise ValueError(MESSAGE)
 
     def __repr__(self):
