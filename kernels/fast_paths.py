@@ -6,19 +6,13 @@ leviathan.py runs as written and leaves two hooks at None: LEV.fast_embed, LEV's
 (lean_head.py, imported only where a script asks for it: sampling never does). They are settings of
 a run, not of the architecture.
 
-An edit of leviathan.py changes the plain code, which the fast paths re-implement. So each one is
-checked when it is installed: a small probe runs with the hook on and with it off (the model's own
-code), on the model's device, in its parameters' dtype, with autocast and TF32 off (bf16's 8 bits
-would hide an edit as small as a z-loss):
-  LEV       a few ids, both ends of the vocabulary among them, with the model's weights and with
-            its LayerNorm gains widened and one spline negated (coordinates at both ends of [0, 1],
-            modes of either sign); in training mode the gradients too;
-  the loss  one short batch with an ignored target: per token without and with a z-loss, and the
-            mean, also with scale_weights (attention and logits as in a trained model); in training
-            mode every parameter's gradient of the mean too.
-A fast path whose largest relative difference passes TOLERANCE (float noise is far below it:
-docs/model.md), or whose probe fails, is removed with one line saying why; the model then runs as
-written. The probes change nothing: no weight, .grad, random state (forked) or setting.
+An edit of leviathan.py changes the plain code, which the fast paths re-implement. So each is
+checked when installed: a small probe (lev_outputs, loss_outputs) runs with the hook on and off (the
+model's own code), on the model's device, in its parameters' dtype, with autocast and TF32 off
+(bf16's 8 bits would hide an edit as small as a z-loss). A fast path whose largest relative
+difference passes TOLERANCE (float noise is far below it: docs/model.md), or whose probe fails, is
+removed with one line saying why; the model then runs as written. The probes change nothing: no
+weight, .grad, random state (forked) or setting.
 """
 
 import contextlib

@@ -1,12 +1,9 @@
-"""The memory-lean head: GPT.forward's loss a chunk of tokens at a time, without ever holding all
-logits.
-
-Tested equal to the plain head (F.cross_entropy of F.linear), values and gradients in float64
-(tests/test_lean_head.py). For N tokens and a V-word vocabulary the plain head materialises N x V
-logits, and autograd keeps them (and the log-softmax, and their gradient) alive: N x V x 4 bytes
-each in fp32. linear_cross_entropy holds only chunk x V logits at once, with the same loss and
-gradients. The idea of Cut Cross-Entropy and of Liger's fused linear cross-entropy. fast_paths.py
-installs it as the model's GPT.fast_loss.
+"""The memory-lean head (GPT.fast_loss): GPT.forward's loss a chunk of tokens at a time, never
+holding all the logits; tested equal to the plain head (F.cross_entropy of F.linear), values and
+gradients in float64 (tests/test_lean_head.py). For N tokens and a V-word vocabulary the plain head
+makes N x V logits, and autograd keeps them, their log-softmax and their gradient alive;
+linear_cross_entropy holds chunk x V logits at a time, with the same loss and gradients. The idea
+of Cut Cross-Entropy and of Liger's fused linear cross-entropy.
 """
 
 import torch
@@ -48,8 +45,7 @@ class Buffers:
 
     def logits(self, x_c):
         """x_c: (n, D) -> (n, V) logits in acc_dtype: the matmul in the head's dtype (bf16 under
-        autocast, rounded to bf16 like F.linear's output), widened to fp32 for the exp and the log
-        (like `.float()`)."""
+        autocast, rounded as F.linear's output), widened for the exp and the log (as `.float()`)."""
         n = len(x_c)
         if self.low is None:
             return torch.mm(x_c.to(self.w.dtype), self.w.t(), out=self.z[:n])
@@ -57,9 +53,8 @@ class Buffers:
         return self.z[:n].copy_(self.low[:n])
 
     def accumulate(self, grad_w, g, x_c):
-        """grad_w += g^T x_c in place, in fp32 even when g and x_c are bf16: a fresh (V, D) product
-        per chunk would cost an allocation and its page faults each time, and summing chunks in bf16
-        would lose bits."""
+        """grad_w += g^T x_c in place, in fp32 even for bf16 g and x_c: a fresh (V, D) product per
+        chunk would cost page faults each time, and summing chunks in bf16 would lose bits."""
         if grad_w.dtype == g.dtype:
             grad_w.addmm_(g.t(), x_c)
             return
@@ -68,8 +63,7 @@ class Buffers:
         grad_w += torch.mm(g.t(), x_c, out=self.low_w)
 
     def low_precision(self, z):
-        """(n, V) acc_dtype -> the same values in the matmul's dtype, for the two backward
-        matmuls."""
+        """(n, V) acc_dtype -> the same values in the matmul's dtype, for the backward matmuls."""
         return z if self.low is None else self.low[:len(z)].copy_(z)
 
 
@@ -183,22 +177,17 @@ class LinearCrossEntropy(torch.autograd.Function):
 @torch.compiler.disable
 def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean",
                          z_loss=0.0):
-    """Cross-entropy of the head's logits x @ weight^T against targets, without ever holding all the
-    logits.
+    """Cross-entropy of the head's logits x @ weight^T against targets, never holding all of them.
 
     x: (..., D) final hidden states, weight: (V, D) the head (tied to an embedding or not: gradients
     reach the Parameter through autograd as usual), targets: (...) ids, ignore_index where a token
-    does not count. chunk_size: tokens per chunk (default: default_chunk_size(V), ~256 MiB of fp32
-    logits). reduction: "mean" over counted tokens (NaN when none counts, as F.cross_entropy), or
-    "none": per-token losses shaped like targets, 0 at ignored tokens. z_loss: the weight c of
-    PaLM's z-loss, c * lse^2 added to each counted token's loss (lse: its logits' log-sum-exp, which
-    the chunks compute anyway, so the term costs nothing more). The loss is fp32 (fp64 for fp64
-    inputs). Training's mean, with gradients wanted, computes them in forward (LinearCrossEntropy's
-    mean=True); otherwise a backward recomputes the logits.
-
-    Same value and gradients as GPT.forward's plain head (F.cross_entropy(F.linear(x,
-    weight).float(), targets, ignore_index=ignore_index, reduction=reduction) with z_loss 0),
-    autocast included, with memory O(chunk_size x V) instead of O(N x V).
+    does not count. chunk_size: tokens per chunk (default: default_chunk_size(V)). reduction:
+    "mean" over counted tokens (NaN when none counts, as F.cross_entropy), or "none": per-token
+    losses shaped like targets, 0 at ignored tokens. z_loss: the weight c of PaLM's z-loss,
+    c * lse^2 added to each counted token's loss (lse: its logits' log-sum-exp, which the chunks
+    compute anyway). The loss is fp32 (fp64 for fp64 inputs): GPT.forward's plain head's value and
+    gradients, F.cross_entropy(F.linear(x, weight).float(), targets, ...), autocast included, in
+    O(chunk_size x V) memory instead of O(N x V).
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction={reduction!r}: choose mean or none")
