@@ -77,7 +77,7 @@ def main(argv=None):
         model = GPT(Config(**ckpt["model_config"])).to(device).eval()
         model.load_state_dict(ckpt["model"])
         meta, V, block_size = dict(ckpt["meta"]), model.config.vocab_size, model.config.block_size
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+    except (LookupError, TypeError, ValueError, RuntimeError) as e:
         fail(f"{path} is not a checkpoint this sample.py reads ({type(e).__name__}: {e})"[:400])
     if bad := [name for name, t in model.state_dict().items() if not t.isfinite().all()]:
         fail(f"{path} holds NaN or inf (in {bad[0]}): its run diverged; use an earlier checkpoint")
@@ -138,12 +138,12 @@ def main(argv=None):
     arm = model.config.embedding
     fast = f"none ({arm} arm)" if arm != "lev" else "on" if model.tok_emb.fast_embed else "off"
     print(f"sample.py: {rate}; kv_cache={'off' if args.no_kv_cache else 'on'}, device={device}, "
-          f"threads={torch.get_num_threads()}, compile={args.compile}, fast_paths={fast}",
-          file=sys.stderr)
+          f"threads={torch.get_num_threads()}, compile={'on' if args.compile else 'off'}, "
+          f"fast_paths={fast}", file=sys.stderr)
     return texts
 
 
-if __name__ == "__main__":
-    for stop_quietly in (signal.SIGINT, signal.SIGPIPE):  # Ctrl-C; `python sample.py | head`
+if __name__ == "__main__":  # Ctrl-C, or `python sample.py | head`: stop quietly
+    for stop_quietly in {signal.SIGINT, getattr(signal, "SIGPIPE", signal.SIGINT)}:  # (Windows)
         signal.signal(stop_quietly, signal.SIG_DFL)
     main()

@@ -242,6 +242,8 @@ def test_bad_checkpoints_are_one_line_and_exit_code_2(tmp_path, capsys):
     (tmp_path / "evil").mkdir()
     torch.save({"version": 2, "model": Evil()}, tmp_path / "evil" / "ckpt.pt")
     make_checkpoint(tmp_path / "bad_vocab", meta={**CHAR_META, "chars": CHARS[:-1]})
+    (tmp_path / "tensor").mkdir()
+    torch.save(torch.zeros(3), tmp_path / "tensor" / "ckpt.pt")  # a torch.save file, not a dict
 
     def edited(name, edit):
         make_checkpoint(tmp_path / name)
@@ -258,6 +260,7 @@ def test_bad_checkpoints_are_one_line_and_exit_code_2(tmp_path, capsys):
              (tmp_path / "old", "format version 0; this sample.py reads version 2"),
              (tmp_path / "garbage", "cannot read a checkpoint at"),
              (tmp_path / "evil", "could run code: refused"),
+             (tmp_path / "tensor", "is not a checkpoint this sample.py reads"),
              (tmp_path / "bad_vocab", "tokenizer has 60 tokens, its model 61"),
              (tmp_path / "mismatch", "Missing key(s) in state_dict"),
              (tmp_path / "unknown", "n_experts"),
@@ -308,7 +311,7 @@ def test_plain_runs_the_model_as_written_and_samples_the_same(tmp_path, embeddin
 def test_plain_and_compile_compile_the_model_as_written(char_ckpt, capsys):
     flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=6", "--temperature=0"]
     assert run(char_ckpt, *flags, "--plain", "--compile") == run(char_ckpt, *flags)
-    assert "compile=True, fast_paths=off" in capsys.readouterr().err
+    assert "compile=on, fast_paths=off" in capsys.readouterr().err
 
 
 def test_sampling_loads_neither_the_lean_head_nor_the_lab(char_ckpt):
