@@ -75,7 +75,7 @@ def main(argv=None):
             raise ValueError(f"format version {ckpt['version']!r}; this sample.py reads version 2: "
                              f"train again, or sample with the leviathan version that wrote it")
         model = GPT(Config(**ckpt["model_config"])).to(device).eval()
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt.pop("model"))  # popped: no second copy of the weights kept
         meta, V, block_size = dict(ckpt["meta"]), model.config.vocab_size, model.config.block_size
     except (LookupError, TypeError, ValueError, RuntimeError) as e:
         fail(f"{path} is not a checkpoint this sample.py reads ({type(e).__name__}: {e})"[:400])
