@@ -114,3 +114,13 @@ def test_the_model_loads_nothing_of_the_project_and_kernels_only_the_model():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_the_package_imports_no_top_level_script():
+    """The layering: machinery/ sits below the model and the scripts, and never imports them."""
+    scripts = {"leviathan", "train", "sample", "eval", "prepare_data", "bench"}
+    for path in sorted((Path(ROOT) / "machinery").glob("*.py")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            words = line.split()
+            if words[:1] in (["import"], ["from"]) and len(words) > 1:
+                assert words[1].split(".")[0] not in scripts, f"{path.name}: {line.strip()}"

@@ -1,4 +1,4 @@
-"""Tests of the memory-lean head (machinery/lean_head.py): linear_cross_entropy equals
+"""Tests of the memory-lean head (kernels/lean_head.py): linear_cross_entropy equals
 F.cross_entropy on full logits, in value and gradients (float64, both backward modes, every
 reduction, ignored targets, a weight tied to an embedding, bf16 autocast, CUDA when there is one),
 and GPT.forward with lean_head on equals it with lean_head off.
