@@ -546,6 +546,10 @@ class GPT(nn.Module):
             raise ValueError(f"top_k={top_k} must be >= 1")
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        if idx.shape[1] < 1:
+            raise ValueError("the prompt is empty: generation needs at least one token to follow")
         return self._stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache)
 
     # inference_mode, not just no_grad: tensors made here skip autograd's version counting, less

@@ -1,12 +1,8 @@
-"""LEV's C kernels: SplineProduct's forward and backward as C loops for CPUs (lev_kernels.c, beside
-this file).
-
-Tested equal to LEV's recipe (leviathan.LEV.reference), values and gradients in float64
-(tests/test_fast_lev.py). The same two functions as fast_lev's torch kernels, in loops ordered for a
-CPU (docs/speed.md has the figures). Built once per machine with the system's C compiler into a
-cache folder and loaded with ctypes. Built with OpenMP, the library uses the OpenMP runtime torch
-has loaded, so torch's threads, as many as torch.get_num_threads(); without it (a compiler without
-OpenMP), one thread.
+"""LEV's C kernels: SplineProduct's forward and backward (fast_lev.py's torch kernels) as C loops
+ordered for a CPU, in lev_kernels.c beside this file; tested equal to LEV.reference, values and
+gradients in float64 (tests/test_fast_lev.py). Built once per machine with the system's C compiler
+into a cache folder and loaded with ctypes. Built with OpenMP, the library runs on the OpenMP
+runtime torch has loaded, torch.get_num_threads() threads; without it, on one.
 """
 
 import ctypes
@@ -83,41 +79,41 @@ def load_c_library(path):
 
 def c_spline_product(t, S_padded, normalize):
     """SplineProduct's forward in C: t (U, h, d), S_padded (h*d, kappa + 2, r) -> M (U, h, r)."""
-    (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
-    check_c_operands(t, S_padded)
-    t, S_padded = t.contiguous(), S_padded.contiguous()
-    M = t.new_empty(U, h, r)
-    forward = getattr(c_library(), f"lev_forward_{C_TYPES[t.dtype]}")
-    forward(t.data_ptr(), S_padded.data_ptr(), M.data_ptr(), U, h, d, n_padded - 2, r, normalize,
-            torch.get_num_threads())
+    t, S_padded = check_c_operands(t, S_padded)
+    M = t.new_empty(*t.shape[:2], S_padded.shape[2])
+    run_c("forward", (t, S_padded, M), normalize)
     return M
 
 
 def c_spline_product_backward(t, S_padded, G, normalize):
     """SplineProduct's backward in C, from G = dL/dM * M (U, h, r) -> dL/dt (U, h, d),
     dL/dS_padded."""
-    (U, h, d), (n_padded, r) = t.shape, S_padded.shape[1:]
-    check_c_operands(t, S_padded, G)
-    t, S_padded, G = t.contiguous(), S_padded.contiguous(), G.contiguous()
+    t, S_padded, G = check_c_operands(t, S_padded, G)
     grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
-    backward = getattr(c_library(), f"lev_backward_{C_TYPES[t.dtype]}")
-    backward(t.data_ptr(), S_padded.data_ptr(), G.data_ptr(), grad_t.data_ptr(), grad_S.data_ptr(),
-             U, h, d, n_padded - 2, r, normalize, torch.get_num_threads())
+    run_c("backward", (t, S_padded, G, grad_t, grad_S), normalize)
     return grad_t, grad_S
+
+
+def run_c(direction, tensors, normalize):
+    """lev_<direction>_<f32|f64>(the tensors' data, U, H, D, K, R, normalize, threads)."""
+    (U, h, d), (n_padded, r) = tensors[0].shape, tensors[1].shape[1:]
+    kernel = getattr(c_library(), f"lev_{direction}_{C_TYPES[tensors[0].dtype]}")
+    kernel(*(x.data_ptr() for x in tensors), U, h, d, n_padded - 2, r, normalize,
+           torch.get_num_threads())
 
 
 def check_c_operands(t, S_padded, *others):
     """The C kernels read raw memory: every operand on the CPU, in t's dtype (fp32 or fp64), in the
-    shapes of SplineProduct. (A t outside [0, 1], NaN included, reads nothing outside S: the kernels
-    clamp its knot index; SplineProduct gives non-finite t NaN modes before calling them.)"""
+    shapes of SplineProduct -> the operands, contiguous. (A t outside [0, 1], NaN included, reads
+    nothing outside S: the kernels clamp its knot index.)"""
     h, d = t.shape[1:]
     operands = (t, S_padded, *others)
-    ok = (t.dtype in C_TYPES
-          and all(x.device.type == "cpu" and x.dtype == t.dtype for x in operands)
-          and S_padded.dim() == 3 and S_padded.shape[0] == h * d and S_padded.shape[1] >= 3
-          and all(x.shape == (len(t), h, S_padded.shape[2]) for x in others))
-    if not ok:
+    if not (t.dtype in C_TYPES
+            and all(x.device.type == "cpu" and x.dtype == t.dtype for x in operands)
+            and S_padded.dim() == 3 and S_padded.shape[0] == h * d and S_padded.shape[1] >= 3
+            and all(x.shape == (len(t), h, S_padded.shape[2]) for x in others)):
         shapes = [tuple(x.shape) for x in operands]
-        raise ValueError(f"LEV's C kernels: operands of shapes {shapes}, "
-                         f"dtypes {[x.dtype for x in operands]}; expected (U, h, d), "
+        raise ValueError(f"LEV's C kernels: operands of shapes {shapes}, dtypes "
+                         f"{[x.dtype for x in operands]}; expected (U, h, d), "
                          f"(h*d, kappa+2, r) and (U, h, r), all fp32 or all fp64 on the CPU")
+    return [x.contiguous() for x in operands]

@@ -1,15 +1,12 @@
-"""LEV's fast path: the same function as LEV's recipe in leviathan.py, fast enough to train.
+"""LEV's fast path (LEV.fast_embed): the function of LEV's recipe in leviathan.py, fast enough to
+train; tested equal to LEV.reference, values and gradients in float64 (tests/test_fast_lev.py).
 
-Tested equal to the recipe (leviathan.LEV.reference), values and gradients in float64
-(tests/test_fast_lev.py). For each distinct id LEV needs h * d_seed * r spline values (8 x 128 x 64
-at the paper's sizes) and their product; autograd through the recipe keeps several such tensors per
-id. The fast path instead: walks the ids in chunks; reads only the 3 non-zero knots of each basis;
-multiplies 8 factors before each log; recomputes everything in backward (SplineProduct, a custom
-autograd Function); and runs its two kernels in C on CPUs (c_kernels.py), else through torch.compile
-in training, which fuses gather, spline, product and logs so that the spline values never reach
-memory. docs/speed.md has the figures.
-
-fast_paths.py installs a FastEmbedder as the model's LEV.fast_embed.
+For each distinct id LEV needs h * d_seed * r spline values (8 x 128 x 64 at the paper's sizes) and
+their product, and autograd through the recipe keeps several such tensors per id. The fast path
+reads only the 3 non-zero knots of each basis, multiplies 8 factors before each log, recomputes
+everything in backward (SplineProduct), and runs its two kernels in C on CPUs (c_kernels.py), else
+in chunks of ids through torch.compile in training, which fuses gather, spline, product and logs so
+that the spline values never reach memory.
 """
 
 import math
@@ -25,9 +22,8 @@ from kernels.c_kernels import C_TYPES, c_library, c_spline_product, c_spline_pro
 class FastEmbedder:
     """LEV.fast_embed: (lev, ids (U,) distinct) -> (U, n_embd), LEV.embed_distinct's function with
     the spline product in SplineProduct. Its settings are a run's (speed and memory, not results):
-      c_kernels: on CPU the spline product runs in lev_kernels.c, where a C compiler built it;
-      chunk: else ids per chunk of torch's kernels (64 suits a CPU's caches);
-      compile_kernels: training runs torch's kernels through torch.compile."""
+    c_kernels (on CPU, lev_kernels.c where a C compiler built it), else torch's kernels, `chunk` ids
+    at a time (64 suits a CPU's caches), in training through torch.compile if compile_kernels."""
 
     def __init__(self, chunk=64, c_kernels=True, compile_kernels=True):
         self.chunk, self.c_kernels, self.compile_kernels = chunk, c_kernels, compile_kernels
@@ -75,9 +71,8 @@ def bspline_weights3(t, n_knots, normalize):
     where knots j-1, j, j+1 (j = the nearest knot) carry weights w (..., 3) and derivatives dw/dt
     (..., 3). With s = t (n_knots - 1) and f = s - j in [-0.5, 0.5]:
         w = (0.5 (0.5 - f)^2, 0.75 - f^2, 0.5 (0.5 + f)^2).
-    A knot -1 or n_knots gets weight 0 when normalize (it does not exist) and its w otherwise (S's
-    zero padding cancels it); normalize then divides by W = sum(w), so dw becomes
-    (dw - w dW / W) / W."""
+    A knot -1 or n_knots gets weight 0 when normalize (it does not exist; else S's zero padding
+    cancels it); normalize then divides by W = sum(w), so dw becomes (dw - w dW / W) / W."""
     s = t * (n_knots - 1)
     j = s.round()  # t must be finite (SplineProduct checks): a NaN would become a wild knot index
     f = s - j
@@ -95,21 +90,15 @@ def bspline_weights3(t, n_knots, normalize):
 
 def spline_3knots(S_padded, j, w):
     """phi[i, u, :] = sum_m w[i, u, m] * S_padded[i, j[i, u] + m, :]: the spline of each of the h*d
-    seed dimensions i at each of u points, from only the 3 non-zero knots of its basis
-    (bspline_weights3).
-
-    S_padded: (h*d, kappa + 2, r), S with a zero knot at each end; j: (h*d, u); w: (h*d, u, 3)
-    -> (h*d, u, r). Under torch.compile the gather is written as indexing, which inductor fuses into
-    whatever consumes phi, so phi never reaches memory. Eagerly on CPU and CUDA, F.embedding_bag
-    gathers and sums the 3 rows in one pass (instead of 3 gathers, 3 multiplies and 2 adds, each a
-    pass over phi); other devices (e.g. MPS, which gained embedding_bag only in recent PyTorch) take
-    the indexing too.
-    """
+    seed dimensions i at each of u points, from the 3 non-zero knots of its basis: S_padded
+    (h*d, kappa + 2, r), j (h*d, u), w (h*d, u, 3) -> (h*d, u, r). Under torch.compile, indexing,
+    which inductor fuses into whatever consumes phi (phi never reaches memory). Eagerly on CPU and
+    CUDA, F.embedding_bag gathers and sums the 3 rows in one pass, where indexing makes 8 passes
+    over phi; other devices (MPS gained embedding_bag only recently) index too."""
     if torch.compiler.is_compiling() or S_padded.device.type not in ("cpu", "cuda"):
         return spline_3knots_indexing(S_padded, j, w)
     hd, n_padded, r = S_padded.shape
-    # the first row of each i in S_padded's rows
-    first_row = torch.arange(hd, device=j.device).unsqueeze(1) * n_padded
+    first_row = torch.arange(hd, device=j.device).unsqueeze(1) * n_padded  # of each i's knots
     rows = (first_row + j).unsqueeze(-1) + torch.arange(3, device=j.device)  # (h*d, u, 3)
     phi = F.embedding_bag(rows.reshape(-1, 3), S_padded.view(-1, r), mode="sum",
                           per_sample_weights=w.reshape(-1, 3))
@@ -125,15 +114,11 @@ def spline_3knots_indexing(S_padded, j, w):
 def log_mode_chunk(t, S_padded, group, normalize):
     """Forward of SplineProduct for a chunk of u ids: t (u, h, d) -> sign, log|M| (u, h, r), and
     whether every partial product stayed in the normal range of t's dtype (if not, the caller redoes
-    the chunk with group=1).
-
-    The product over d multiplies groups of `group` factors directly and takes logs of those partial
-    products, 8x fewer logs than one per factor for group=8; fp32 holds any product of 8 factors
-    each in [1.9e-5, 6.5e4]. The sign and the log are leviathan.signed_log_product's, over the
-    partial products."""
+    the chunk with group=1). The product over d multiplies groups of `group` factors and takes logs
+    of those partial products (fp32 holds any product of 8 factors each in [1.9e-5, 6.5e4]); sign
+    and log as leviathan.signed_log_product's, over the partial products."""
     u, h, d = t.shape
     n_padded, r = S_padded.shape[1:]
-    # j (h*d, u), w (h*d, u, 3)
     j, w, _ = bspline_weights3(t.reshape(u, h * d).T, n_padded - 2, normalize)
     phi = spline_3knots(S_padded, j, w).view(h, d // group, group, u, r)
     partial = phi.prod(2)  # (h, d / group, u, r)
@@ -152,13 +137,11 @@ def log_mode_chunk_backward(t, S_padded, G, normalize):
     A factor phi exactly 0 gives 0/0 = NaN here, as it does in autograd through the plain recipe."""
     u, h, d = t.shape
     n_padded, r = S_padded.shape[1:]
-    # j (h*d, u), w and dw (h*d, u, 3)
-    j, w, dw = bspline_weights3(t.reshape(u, h * d).T, n_padded - 2, normalize)
+    j, w, dw = bspline_weights3(t.reshape(u, h * d).T, n_padded - 2, normalize)  # (h*d, u, 3)
     phi = spline_3knots(S_padded, j, w).view(h, d, u, r)
     grad_phi = (G.transpose(0, 1).unsqueeze(1) / phi).view(h * d, u, r)
     grad_t = (grad_phi * spline_3knots(S_padded, j, dw)).sum(-1)  # (h*d, u)
-    # dL/dS as one batched matmul, over a dense basis (h*d, kappa + 2, u)
-    # holding the 3 weights of each t
+    # dL/dS as one batched matmul, over a dense basis (h*d, kappa + 2, u) of the 3 weights of each t
     knots = j.unsqueeze(1) + torch.arange(3, device=t.device).view(3, 1)  # (h*d, 3, u)
     basis = torch.zeros(h * d, n_padded, u, dtype=t.dtype, device=t.device)
     basis.scatter_(1, knots, w.transpose(1, 2))
@@ -166,19 +149,15 @@ def log_mode_chunk_backward(t, S_padded, G, normalize):
 
 
 _compiled_kernels = {}  # kernel -> its torch.compile wrapper
-# device type ("cpu", "cuda", ...) -> the error that made compiling fail there
-_compile_failures = {}
+_compile_failures = {}  # device type ("cpu", "cuda", ...) -> the error that made compiling fail
 
 
 def run_kernel(kernel, *args, compile=True):
-    """kernel(*args), through torch.compile when `compile` is set. Compiling fuses the gather, the
-    spline, the product and the logs into a few loops (docs/speed.md). Where the compiled call fails
-    but the eager one works (e.g. no C++ compiler for inductor's CPU backend), warn once and run
-    eagerly on that device type from then on. Both compute the same sums (tests/test_compile.py).
-
-    Each kernel compiles once for a full chunk, once more for any other number of ids (dynamic) and
-    again per dtype and device; past dynamo's recompile limit (8) it would run eagerly, with a log
-    line, not a warning."""
+    """kernel(*args), through torch.compile when `compile` is set (the same sums:
+    tests/test_compile.py). Where the compiled call fails but the eager one works (e.g. no C++
+    compiler for inductor's CPU backend), warn once and run eagerly on that device type from then
+    on. A kernel compiles once for a full chunk, once for any other number of ids (dynamic), and
+    per dtype and device; past dynamo's recompile limit (8) it runs eagerly, with a log line."""
     device = args[0].device.type
     if not compile or device in _compile_failures:
         return kernel(*args)
@@ -199,66 +178,41 @@ def run_kernel(kernel, *args, compile=True):
         return result
 
 
-def torch_spline_product(t, S_padded, chunk, compile, normalize):
-    """SplineProduct's forward through torch's kernels, `chunk` ids at a time:
-    t (U, h, d) -> M (U, h, r)."""
-    M = t.new_empty(*t.shape[:2], S_padded.shape[2])
-    group = math.gcd(t.shape[2], 8)
-    for c in range(0, len(t), chunk):
-        t_chunk = t[c:c + chunk]
-        sign, log_abs, normal = run_kernel(log_mode_chunk, t_chunk, S_padded, group, normalize,
-                                           compile=compile)
-        if not normal:  # rare: one log per factor instead
-            sign, log_abs, _ = log_mode_chunk(t_chunk, S_padded, 1, normalize)
-        M[c:c + chunk] = sign * log_abs.exp()
-    return M
-
-
-def torch_spline_product_backward(t, S_padded, G, chunk, compile, normalize):
-    """SplineProduct's backward through torch's kernels, from G = dL/dM * M -> dL/dt,
-    dL/dS_padded."""
-    grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
-    for c in range(0, len(t), chunk):
-        at = slice(c, c + chunk)
-        grad_t[at], grad_S_chunk = run_kernel(log_mode_chunk_backward, t[at], S_padded, G[at],
-                                              normalize, compile=compile)
-        grad_S += grad_S_chunk
-    return grad_t, grad_S
-
-
 class SplineProduct(torch.autograd.Function):
-    """The heavy core of LEV: unit coordinates t -> rank-1 separable modes M, recomputed in
-    backward.
+    """The heavy core of LEV: unit coordinates t (U, h, d) -> rank-1 separable modes M (U, h, r),
 
         phi[u, h, d, :] = sum_k w_k(t[u, h, d]) S[h, d, k, :]     (per-dimension spline, r outputs)
         M[u, h, :]      = prod_d phi[u, h, d, :]                   (sign and log|M| kept apart)
 
-    S_padded is pad_knots(S), given (FastEmbedder keeps it from call to call); the gradient goes to
-    S. Forward keeps only t, S_padded and M; backward recomputes phi. kernels: "c" runs both passes
-    in lev_kernels.c, which never holds phi; "compiled" and "eager" run torch's kernels
-    (log_mode_chunk and log_mode_chunk_backward, through torch.compile or not) on `chunk` ids at a
-    time, so that phi stays small. Only 3 knots of each basis are non-zero, and S is padded with a
-    zero knot at each end so that knots j-1 and j+1 always exist. Inside the torch kernels the h*d
-    seed dimensions come first, (h*d, u, r): each has its own S, so they are the batch axis of the
-    gather and of the matmul for dL/dS.
+    with S_padded = pad_knots(S) given (FastEmbedder keeps it from call to call; the gradient goes
+    to S). Forward keeps only t, S_padded and M; backward recomputes phi. kernels: "c" runs both
+    passes in lev_kernels.c, which never holds phi; "compiled" and "eager" run log_mode_chunk and
+    its backward (through torch.compile or not) on `chunk` ids at a time, so that phi stays small.
+    In those the h*d seed dimensions come first, (h*d, u, r): each has its own S, so they are the
+    batch axis of the gather and of the matmul for dL/dS.
     """
 
     @staticmethod
     def forward(ctx, t, S, S_padded, chunk, kernels, normalize):
-        U, h, d = t.shape
-        r = S.shape[3]
-        # Weights that diverged give non-finite coordinates. The modes are then NaN (so is the loss,
-        # and train.py stops cleanly) instead of a NaN becoming a knot index far out of range.
-        # Checked here, once, not inside the kernels, where a guard would cost much of their time
-        # under torch.compile.
+        # Weights that diverged give non-finite coordinates: the modes are then NaN (so is the
+        # loss, and train.py stops cleanly), not a NaN turned into a knot index far out of range.
+        # Checked once here: a guard inside the kernels costs much of their time under compile.
         ctx.finite = bool(torch.isfinite(t).all())
         ctx.chunk, ctx.kernels, ctx.normalize = chunk, kernels, normalize
         if not ctx.finite:
-            M = t.new_full((U, h, r), float("nan"))
+            M = t.new_full((*t.shape[:2], S.shape[3]), float("nan"))  # (U, h, r)
         elif kernels == "c":
             M = c_spline_product(t, S_padded, normalize)
         else:
-            M = torch_spline_product(t, S_padded, chunk, kernels == "compiled", normalize)
+            M = t.new_empty(*t.shape[:2], S.shape[3])
+            group = math.gcd(t.shape[2], 8)  # factors multiplied before each log
+            for c in range(0, len(t), chunk):
+                t_c = t[c:c + chunk]
+                sign, log_abs, normal = run_kernel(log_mode_chunk, t_c, S_padded, group,
+                                                   normalize, compile=kernels == "compiled")
+                if not normal:  # rare: one log per factor instead
+                    sign, log_abs, _ = log_mode_chunk(t_c, S_padded, 1, normalize)
+                M[c:c + chunk] = sign * log_abs.exp()
         ctx.save_for_backward(t, S_padded, M)
         return M
 
@@ -266,18 +220,20 @@ class SplineProduct(torch.autograd.Function):
     @once_differentiable  # the kernels are not themselves differentiated: no double backward
     def backward(ctx, grad_M):
         t, S_padded, M = ctx.saved_tensors
-        h, d = t.shape[1:]
-        n_padded, r = S_padded.shape[1:]
+        (h, d), (n_padded, r) = t.shape[1:], S_padded.shape[1:]
         if not ctx.finite:
             nan_S = S_padded.new_full((h, d, n_padded - 2, r), float("nan"))
             return torch.full_like(t, float("nan")), nan_S, None, None, None, None
-        # fp32 like the forward, even under autocast
-        with torch.autocast(t.device.type, enabled=False):
+        with torch.autocast(t.device.type, enabled=False):  # fp32 like the forward
             G = grad_M * M  # dL/dM * M, shared by the d factors of a mode
             if ctx.kernels == "c":
                 grad_t, grad_S = c_spline_product_backward(t, S_padded, G, ctx.normalize)
             else:
-                compiled = ctx.kernels == "compiled"
-                grad_t, grad_S = torch_spline_product_backward(t, S_padded, G, ctx.chunk, compiled,
-                                                               ctx.normalize)
+                grad_t, grad_S = torch.empty_like(t), torch.zeros_like(S_padded)
+                for c in range(0, len(t), ctx.chunk):
+                    at = slice(c, c + ctx.chunk)
+                    grad_t[at], grad_S_c = run_kernel(log_mode_chunk_backward, t[at], S_padded,
+                                                      G[at], ctx.normalize,
+                                                      compile=ctx.kernels == "compiled")
+                    grad_S += grad_S_c
         return grad_t, grad_S.view(h, d, n_padded, r)[:, :, 1:-1], None, None, None, None

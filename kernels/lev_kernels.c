@@ -1,27 +1,25 @@
-/* LEV's spline product on CPU, forward and backward, as plain C loops (leviathan.py, section 4, "C kernels").
-
-   The same function as SplineProduct's torch kernels (log_mode_chunk, log_mode_chunk_backward), with the loop
+/* LEV's spline product on CPU, forward and backward, as plain C loops: SplineProduct's function
+   (kernels/fast_lev.py; its torch kernels are log_mode_chunk and log_mode_chunk_backward), in the loop
    order a CPU wants, which torch.compile cannot express:
      - forward: each mode's product over the d_seed factors is kept as a mantissa in [1, 2) and a binary
        exponent, renormalised every gcd(d_seed, 8) factors (where the torch kernel takes a log) by reading the
-       float's bits, so a mode costs no log and no exp at all; a mode whose running product leaves the normal
-       range (0, subnormal, inf, NaN) is redone with one log per factor, and one beyond the normal range at the
-       end goes through ldexp (which rounds it to a subnormal, 0 or inf, as exp does in the torch kernel);
+       float's bits, so a mode costs no log and no exp; a mode whose running product leaves the normal range
+       (0, subnormal, inf, NaN) is redone with one log per factor, and one beyond the normal range at the end
+       goes through ldexp (which rounds it to a subnormal, 0 or inf, as exp does in the torch kernel);
      - backward: blocks of up to 64 seed dimensions of one head, each block on one thread, so that dL/dS
-       accumulates the 3 non-zero knots of each id in place, without a dense 18-knot basis (the torch kernel's
-       batched matmul does 6x the multiplications) and without atomics. (h = 1 with d_seed <= 64 is one block,
-       so one thread.)
-   Built by leviathan.py on first use with the system's C compiler, with OpenMP where it has it; the caller
-   passes the number of threads (torch.get_num_threads()). Where torch's own OpenMP runtime is libgomp.so.1 (the
-   PyPI wheels on Linux), the library shares it, and so its threads. Shapes, all contiguous, one dtype:
-     t (U, H, D) unit coordinates in [0, 1]; S (H*D, K+2, R) spline coefficients with a zero knot at each end;
-     M (U, H, R) modes; G (U, H, R) = dL/dM * M; grad_t (U, H, D); grad_S (H*D, K+2, R), zeroed by the caller. */
+       accumulates the 3 non-zero knots of each id in place, without the torch kernel's dense basis (6x the
+       multiplications) and without atomics. (h = 1 with d_seed <= 64 is one block: one thread.)
+   kernels/c_kernels.py builds it on first use with the system's C compiler, with OpenMP where it has it (then
+   it shares torch's OpenMP runtime and threads), and passes the number of threads. Shapes, all contiguous,
+   one dtype: t (U, H, D) unit coordinates in [0, 1]; S (H*D, K+2, R) spline coefficients with a zero knot
+   at each end; M (U, H, R) modes; G (U, H, R) = dL/dM * M; grad_t (U, H, D); grad_S (H*D, K+2, R), zeroed
+   by the caller. */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-/* bspline_weights3 (leviathan.py) for n coordinates t: the nearest knot j (rint: ties to even, as torch.round),
+/* fast_lev.py's bspline_weights3 for n coordinates t: the nearest knot j (rint: ties to even, as torch.round),
    the weights of knots j-1, j, j+1 and their derivatives; with normalize, knots outside [0, K-1] get weight 0 and
    the weights are divided by their sum. Branch-free, so that the compiler vectorises it. */
 #define WEIGHTS(T, SUFFIX)                                                                        \

@@ -1,4 +1,4 @@
-"""Tests of LEV's fast path (machinery/fast_lev.py) and of its C kernels (machinery/c_kernels.py):
+"""Tests of LEV's fast path (kernels/fast_lev.py) and of its C kernels (kernels/c_kernels.py):
 the same function as LEV's recipe (leviathan.LEV.reference), values and gradients of every parameter
 in float64, through the C kernels and through torch's; the pieces of the fast path one by one; the C
 library's build.

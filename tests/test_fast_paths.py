@@ -1,6 +1,6 @@
-"""The fast paths change speed, not results: a model trained with them (machinery/fast_paths.py's
+"""The fast paths change speed, not results: a model trained with them (kernels/fast_paths.py's
 install_fast_paths) gives the losses of the same model trained as leviathan.py writes it, step by
-step (float64), and generates the same tokens. The model file itself loads nothing of machinery/.
+step (float64), and generates the same tokens. The model file itself loads nothing of kernels/.
 
 Run:  python -m pytest -q tests/test_fast_paths.py
 """
@@ -91,12 +91,29 @@ def test_install_fast_paths_can_turn_every_fast_path_off_again():
     assert train_losses(fast, 2) == train_losses(plain, 2)  # exactly the same code now
 
 
-def test_importing_the_model_loads_nothing_of_the_package():
-    code = ("import sys, leviathan; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'machinery'))")
+def test_the_model_loads_nothing_of_the_project_and_kernels_only_the_model():
+    """The layering: leviathan.py imports nothing of the project; kernels/ imports leviathan.py
+    alone (and itself); installing LEV's fast path alone leaves the lean head's module unloaded."""
+    code = ("import sys, leviathan; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('kernels', 'machinery', 'lab', 'train', 'sample')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+    project = {"leviathan", "train", "sample", "prepare_data", "kernels", "machinery", "lab"}
+    for path in sorted((Path(ROOT) / "kernels").glob("*.py")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            words = line.split()
+            if words[:1] in (["import"], ["from"]) and len(words) > 1:
+                assert words[1].split(".")[0] not in project - {"leviathan", "kernels"}, line
+    code = ("import sys, torch; from kernels.fast_lev import FastEmbedder; "
+            "from kernels.fast_paths import install_fast_paths; from leviathan import GPT, Config; "
+            "model = GPT(Config(vocab_size=97, block_size=8, n_layer=1, n_head=2, n_embd=16, "
+            "lev_seed_dim=8, lev_heads=2, lev_rank=4)); "
+            "install_fast_paths(model, lev=FastEmbedder(compile_kernels=False)); "
+            "print(model.tok_emb.fast_embed is not None, 'kernels.lean_head' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["True", "False"]
 
 
 def test_the_package_imports_no_top_level_script():

@@ -1,4 +1,4 @@
-"""Tests of the memory-lean head (machinery/lean_head.py): linear_cross_entropy equals
+"""Tests of the memory-lean head (kernels/lean_head.py): linear_cross_entropy equals
 F.cross_entropy on full logits, in value and gradients (float64, both backward modes, every
 reduction, ignored targets, a weight tied to an embedding, bf16 autocast, CUDA when there is one),
 and GPT.forward with lean_head on equals it with lean_head off.
@@ -118,7 +118,14 @@ def test_using_the_logits_the_lean_head_does_not_build_is_one_line():
     install_fast_paths(model, lean_head=True)
     idx = torch.randint(61, (2, 16))
     logits, loss = model(idx, idx)
-    for use in (lambda: logits.logsumexp(-1), lambda: logits[:, -1], lambda: logits.float()):
+    uses = [lambda: logits.logsumexp(-1), lambda: logits[:, -1], lambda: logits.float(),
+            # torch's functions and operators (through __torch_function__ and Python's operators)
+            lambda: torch.softmax(logits, -1), lambda: torch.logsumexp(logits, -1),
+            lambda: F.cross_entropy(logits, idx), lambda: F.log_softmax(logits, -1),
+            lambda: logits + 0, lambda: 1 - logits, lambda: torch.ones(61) * logits,
+            lambda: logits @ torch.ones(61), lambda: -logits, lambda: logits > 0,
+            lambda: torch.cat([logits]), lambda: float(logits), lambda: len(logits)]
+    for use in uses:
         with pytest.raises(ValueError, match="--z_loss") as refused:
             use()
         assert "\n" not in str(refused.value)

@@ -261,13 +261,16 @@ def test_greedy_equals_argmax_loop(arm, fast):
     (dict(top_k=0), "top_k"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
+    (dict(max_new_tokens=-3), "max_new_tokens=-3 must be >= 0"),
+    (dict(idx=random_ids(1, 0)), "the prompt is empty"),
 ])
-def test_stream_rejects_bad_sampling_settings(settings, message):
+def test_stream_rejects_bad_sampling_settings_at_the_call(settings, message):
     model = tiny_model("tied").eval()
+    settings = {"idx": random_ids(1, 3), "max_new_tokens": 5, **settings}
     with pytest.raises(ValueError, match=message):
-        next(model.stream(random_ids(1, 3), 5, **settings))
+        model.stream(**settings)  # not at the first token: stream itself is not a generator
     with pytest.raises(ValueError, match=message):
-        model.generate(random_ids(1, 3), 5, **settings)
+        model.generate(**settings)
 
 
 def test_sample_next_top_k_one_is_argmax():

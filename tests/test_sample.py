@@ -13,7 +13,7 @@ from conftest import fast_path_check_running
 
 import leviathan
 import sample
-from machinery import checkpoints, dataset
+from machinery import dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -24,8 +24,7 @@ BPE_META = {"dataset": "tiny", "tokenizer": "tiny", "vocab_size": 256, "dtype": 
 BLOCK = 24
 
 
-def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev",
-                    version=checkpoints.CHECKPOINT_VERSION):
+def make_checkpoint(out_dir, meta=CHAR_META, embedding="lev", version=2):
     """Write out_dir/ckpt.pt for a tiny random model, as train.py would; return the model."""
     torch.manual_seed(0)
     config = leviathan.Config(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=2, n_head=2,
@@ -124,6 +123,8 @@ def test_streamed_stdout_equals_returned_texts_token_by_token(char_ckpt, capsys,
 
 
 def test_stream_text_holds_back_incomplete_utf8_characters(tiny_encoding):
+    """machinery/dataset.py's stream_text (lab/harness_model.py streams with it; sample.py decodes
+    with an incremental UTF-8 decoder, tested below)."""
     # byte-level: multi-byte characters span several ids
     tok = dataset.TiktokenTokenizer(tiny_encoding)
     ids = tok.encode("hé😀") + [0xFF, 0xC3]  # ... then an invalid byte and a cut-off character
@@ -133,25 +134,52 @@ def test_stream_text_holds_back_incomplete_utf8_characters(tiny_encoding):
     assert list(dataset.stream_text(tok, iter([]))) == []
 
 
+def test_a_character_cut_between_tokens_is_printed_once_whole(tmp_path, monkeypatch,
+                                                               tiny_encoding):
+    """Byte-level tokens that split characters: each character is printed once its last byte
+    arrives, an invalid byte at once as U+FFFD, bytes never completed at the end as U+FFFD; the
+    printed text is the decoding of all the ids."""
+    make_checkpoint(tmp_path / "out", BPE_META)
+    monkeypatch.setattr(sample.tiktoken, "get_encoding", lambda name: tiny_encoding)
+    new_ids = tiny_encoding.encode_ordinary("hé😀") + [0xFF, 0xC3]
+    monkeypatch.setattr(leviathan.GPT, "stream", lambda self, x, n, *args, **kwargs: (
+        torch.tensor([[i]]) for i in new_ids))
+
+    class Recorder:  # stdout that keeps what each flush showed
+        def __init__(self):
+            self.buffer, self.flushed = "", []
+
+        def write(self, s):
+            self.buffer += s
+
+        def flush(self):
+            self.flushed.append(self.buffer)
+            self.buffer = ""
+
+    out = Recorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    [text] = run(tmp_path / "out", "--start=a", "--num_samples=1", "--max_new_tokens=9")
+    assert text == "a" + tiny_encoding.decode(new_ids) == "ahé😀\ufffd\ufffd"
+    assert out.flushed == ["ah", "", "é", "", "", "", "😀", "\ufffd", ""]  # one flush per token
+    assert out.buffer == f"\ufffd\n{sample.SEPARATOR}\n"
+
+
 def test_bpe_checkpoint_streams_exactly_the_decoded_text(tmp_path, capsys, monkeypatch,
                                                          tiny_encoding):
     """A byte-level model splits multi-byte characters across tokens at random; the printed text
     must still be exactly the decoding of all sampled ids."""
     model = make_checkpoint(tmp_path / "out", BPE_META)
     # a name-only meta cannot reach an unregistered encoding: inject it
-    get_tokenizer = dataset.get_tokenizer
-    monkeypatch.setattr(dataset, "get_tokenizer",
-                        lambda meta: get_tokenizer(meta, encoding=tiny_encoding))
+    monkeypatch.setattr(sample.tiktoken, "get_encoding", lambda name: tiny_encoding)
     prompt = "naïve café 😀"
     texts = run(tmp_path / "out", f"--start={prompt}", "--num_samples=2", "--max_new_tokens=30",
                 "--seed=7", "--temperature=1.0")
     assert capsys.readouterr().out == "".join(f"{t}\n{sample.SEPARATOR}\n" for t in texts)
     torch.manual_seed(7)
-    tok = dataset.TiktokenTokenizer(tiny_encoding)
-    x = torch.tensor([tok.encode(prompt)])
+    x = torch.tensor([tiny_encoding.encode_ordinary(prompt)])
     for text in texts:
         new_ids = model.generate(x, 30, temperature=1.0, top_k=200)[0, x.shape[1]:].tolist()
-        assert text == prompt + tok.decode(new_ids)
+        assert text == prompt + tiny_encoding.decode(new_ids)
     assert any("\ufffd" in t[len(prompt):] for t in texts)  # the sampled bytes did cut characters
 
 
@@ -174,16 +202,18 @@ def test_prompt_from_file(char_ckpt, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--temperature=-0.5"], "--temperature=-0.5 must be a finite number >= 0"),
-    (["--top_k=0"], "--top_k=0 must be >= 1"),
-    (["--top_p=0"], "--top_p=0.0 must be in (0, 1]"),
-    (["--top_p=1.5"], "--top_p=1.5 must be in (0, 1]"),
+    # the sampling settings: GPT.stream's own checks, as one line
+    (["--temperature=-0.5"], "temperature=-0.5 must be a finite number >= 0"),
+    (["--top_k=0"], "top_k=0 must be >= 1"),
+    (["--top_p=0"], "top_p=0.0 must be in (0, 1]"),
+    (["--top_p=1.5"], "top_p=1.5 must be in (0, 1]"),
+    (["--max_new_tokens=-1"], "max_new_tokens=-1 must be >= 0"),
+    (["--start="], "the prompt is empty"),
+    # sample.py's own
     (["--num_samples=0"], "--num_samples=0 must be >= 1"),
-    (["--max_new_tokens=-1"], "--max_new_tokens=-1 must be >= 0"),
     (["--max_new_tokens=ten"], "invalid int value: 'ten'"),
     (["--start=FILE:/nonexistent/prompt.txt"], "cannot read the prompt file"),
-    (["--start="], "the prompt is empty"),
-    (["--start=Hello, World 42!"], "vocabulary: '24'"),  # digits are not in CHARS: say which
+    (["--start=Hello, World 42!"], "'24' not in the checkpoint's vocabulary"),  # say which
     (["--start=é"], "'é'"),
     pytest.param(["--device=cuda"], "no CUDA GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(),
@@ -199,27 +229,49 @@ def test_bad_input_is_one_line_and_exit_code_2(char_ckpt, capsys, flags, says):
             and says in captured.err), captured.err
 
 
+class Evil:
+    def __reduce__(self):
+        return print, ("this ran",)
+
+
 def test_bad_checkpoints_are_one_line_and_exit_code_2(tmp_path, capsys):
     make_checkpoint(tmp_path / "old", version=0)
     (tmp_path / "empty").mkdir()
     (tmp_path / "garbage").mkdir()
     (tmp_path / "garbage" / "ckpt.pt").write_bytes(b"not a checkpoint")
-    make_checkpoint(tmp_path / "bad_meta", meta={**CHAR_META, "vocab_size": 10})
-    make_checkpoint(tmp_path / "mismatch")
-    ckpt = torch.load(tmp_path / "mismatch" / "ckpt.pt", weights_only=True)
-    ckpt["model_config"]["n_layer"] = 3  # settings that do not fit the saved weights
-    torch.save(ckpt, tmp_path / "mismatch" / "ckpt.pt")
-    cases = [(tmp_path / "missing", "does not exist"),
-             (tmp_path / "empty", "no checkpoint at"),
-             (tmp_path / "old", "format version 0"),
-             (tmp_path / "garbage", "not a readable leviathan checkpoint"),
-             (tmp_path / "bad_meta", "vocab_size"),
-             (tmp_path / "mismatch", "Missing key(s) in state_dict")]
+    (tmp_path / "evil").mkdir()
+    torch.save({"version": 2, "model": Evil()}, tmp_path / "evil" / "ckpt.pt")
+    make_checkpoint(tmp_path / "bad_vocab", meta={**CHAR_META, "chars": CHARS[:-1]})
+    (tmp_path / "tensor").mkdir()
+    torch.save(torch.zeros(3), tmp_path / "tensor" / "ckpt.pt")  # a torch.save file, not a dict
+
+    def edited(name, edit):
+        make_checkpoint(tmp_path / name)
+        ckpt = torch.load(tmp_path / name / "ckpt.pt", weights_only=True)
+        edit(ckpt)
+        torch.save(ckpt, tmp_path / name / "ckpt.pt")
+
+    edited("mismatch", lambda c: c["model_config"].update(n_layer=3))  # weights do not fit
+    edited("unknown", lambda c: c["model_config"].update(n_experts=4))
+    edited("no_meta", lambda c: c.pop("meta"))
+    edited("nan", lambda c: c["model"]["norm.weight"].fill_(float("nan")))
+    cases = [(tmp_path / "missing", "No such file or directory"),
+             (tmp_path / "empty", "No such file or directory"),
+             (tmp_path / "old", "format version 0; this sample.py reads version 2"),
+             (tmp_path / "garbage", "cannot read a checkpoint at"),
+             (tmp_path / "evil", "could run code: refused"),
+             (tmp_path / "tensor", "is not a checkpoint this sample.py reads"),
+             (tmp_path / "bad_vocab", "tokenizer has 60 tokens, its model 61"),
+             (tmp_path / "mismatch", "Missing key(s) in state_dict"),
+             (tmp_path / "unknown", "n_experts"),
+             (tmp_path / "no_meta", "KeyError: 'meta'"),
+             (tmp_path / "nan", "holds NaN or inf (in norm.weight)")]
     for out_dir, says in cases:
         with pytest.raises(SystemExit) as exit_info:
             run(out_dir)
-        err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and err.count("\n") == 1 and says in err, err
+        captured = capsys.readouterr()
+        assert exit_info.value.code == 2 and captured.err.count("\n") == 1, captured.err
+        assert says in captured.err and captured.out == "", captured.err
 
 
 def test_cli_streams_samples_and_reports_speed_then_fails_cleanly(char_ckpt):
@@ -256,8 +308,22 @@ def test_plain_runs_the_model_as_written_and_samples_the_same(tmp_path, embeddin
     assert f"fast_paths={'off' if embedding == 'lev' else with_fast_paths}" in err
 
 
-def test_plain_and_compile_are_refused_together(char_ckpt, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        run(char_ckpt, "--plain", "--compile")
-    assert exit_info.value.code == 2
-    assert "--compile is a fast path, and --plain runs none" in capsys.readouterr().err
+def test_plain_and_compile_compile_the_model_as_written(char_ckpt, capsys):
+    flags = ["--start=ab", "--num_samples=1", "--max_new_tokens=6", "--temperature=0"]
+    assert run(char_ckpt, *flags, "--plain", "--compile") == run(char_ckpt, *flags)
+    assert "compile=on, fast_paths=off" in capsys.readouterr().err
+
+
+def test_sampling_loads_neither_the_lean_head_nor_the_lab(char_ckpt):
+    """sample.py's path: leviathan.py and LEV's fast path; not the training-only lean head, nor
+    machinery/ or lab/."""
+    code = (f"import sys, sample; sample.main(['--out_dir={char_ckpt}', '--num_samples=1', "
+            f"'--max_new_tokens=2']); print(sorted(sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(eval(done.stdout.strip().splitlines()[-1]))
+    assert {"leviathan", "kernels.fast_lev", "kernels.fast_paths"} <= loaded
+    assert "fast_paths=on" in done.stderr  # LEV's fast path was installed, and checked
+    assert not {m for m in loaded if m == "kernels.lean_head" or m.split(".")[0] in
+                {"machinery", "lab"}}
