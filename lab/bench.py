@@ -41,11 +41,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import check_lev, install_fast_paths
+from lab import cli
+from lab.cli import atomic_path
+from lab.dataset import load_meta, load_split
+from lab.devices import resolve_device
 from leviathan import EMBEDDINGS, GPT, LEV, Config
-from machinery import cli
-from machinery.cli import atomic_path
-from machinery.dataset import load_meta, load_split
-from machinery.devices import resolve_device
 from train import make_optimizer
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))

@@ -4,7 +4,7 @@ prepare_files(spec, ...) prepares --input: lab/corpus_readers.py lists and reads
 work items, tokenize_item tokenizes each (on --workers processes, the results kept in input order,
 so the .bin files are the same whatever their number), write_tokens sends each document to train or
 val, and DatasetWriter writes the files into a temporary folder that becomes DATA_DIR/NAME only when
-complete. The format is prepare_data.py's (its docstring describes it); machinery/dataset.py reads
+complete. The format is prepare_data.py's (its docstring describes it); lab/dataset.py reads
 it. numpy and tiktoken only: no torch.
 """
 
@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from lab.cli import one_line, parse_json, pid_alive
 from lab.corpus_readers import (
     Corpus,
     decoded_blocks,
@@ -32,8 +33,7 @@ from lab.corpus_readers import (
     single_text_items,
     skipped_note,
 )
-from machinery.cli import one_line, parse_json, pid_alive
-from machinery.dataset import UINT16_VOCAB, CharTokenizer, TiktokenTokenizer, load_encoding
+from lab.dataset import UINT16_VOCAB, CharTokenizer, TiktokenTokenizer, load_encoding
 
 # One text: its first 90% of characters to train; a corpus: each document with probability 0.9.
 TRAIN_FRACTION = 0.9

@@ -8,7 +8,7 @@ The first DIR is the baseline every other arm is compared with. Four measurement
 --task), one table each:
 
   1. Validation loss and perplexity on the *whole* validation split: non-overlapping windows of
-     block_size (machinery/dataset.py's eval_windows, no subsampling), every target scored once, in
+     block_size (train.py's eval_windows, no subsampling), every target scored once, in
      fp32, so the numbers are deterministic; train.py with eval_iters=0 scores the same windows.
   2. The same, stratified by how often each target id occurs in the training split (unseen, 1-10,
      11-100, 101-1k, 1k-10k, >10k): the paper's gains concentrate on rare tokens.
@@ -43,12 +43,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
-from lab import tasks
+from lab import cli, devices, tasks
+from lab.checkpoints import load_checkpoint
+from lab.dataset import BUCKET_LOWER, BUCKETS, get_tokenizer, train_counts
 from lab.evaluation import check_args, labels, load_data, read_curve, scored_on, write_outputs
 from leviathan import GPT, Config
-from machinery import cli, devices
-from machinery.checkpoints import load_checkpoint
-from machinery.dataset import BUCKET_LOWER, BUCKETS, get_tokenizer, train_counts
 from train import eval_windows  # the windows train.py's val loss scores
 
 LAMBADA_RULE = """\
@@ -86,7 +85,7 @@ def resolve_device(name):
 def evaluate_tokens(model, tokens, batch_size, device):
     """Score every target of the split once: tokens (1-D array) -> (losses, targets), flat arrays.
 
-    Windows are machinery/dataset.py's eval_windows(len(tokens), block_size) with no maximum: inputs
+    Windows are train.py's eval_windows(len(tokens), block_size) with no maximum: inputs
     tokens[s:s+T], targets tokens[s+1:s+T+1]. Per-token losses are the model's own (GPT.forward,
     reduction="none": the cross-entropy of fp32 logits)."""
     T = model.config.block_size

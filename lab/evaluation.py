@@ -12,10 +12,9 @@ import os
 
 import numpy as np
 
-from lab import tasks
-from machinery import cli
-from machinery.cli import atomic_path
-from machinery.dataset import load_meta, load_split
+from lab import cli, tasks
+from lab.cli import atomic_path
+from lab.dataset import load_meta, load_split
 
 # --------------------------------------------------------------------------------------------------
 # Inputs: the flags, what must agree between the runs and the data, each run's log.jsonl

@@ -21,8 +21,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
 
+from lab import checkpoints, cli
 from leviathan import GPT, Config
-from machinery import checkpoints, cli
 
 TESTED = "0.4.13"  # the lm_eval release the adapter is tested with
 

@@ -35,8 +35,7 @@ from tqdm import tqdm
 
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
-from lab import tasks
-from machinery import cli, dataset, devices
+from lab import cli, dataset, devices, tasks
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
 
+from lab.cli import ArgumentParser, fail  # noqa: E402
 from lab.corpus import prepare_files  # noqa: E402
-from machinery.cli import ArgumentParser, fail  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
 # Command line

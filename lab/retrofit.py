@@ -28,9 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
+from lab import checkpoints, cli, dataset, devices
+from lab.dataset import BUCKET_LOWER, BUCKETS, train_counts
 from leviathan import GPT, Config
-from machinery import checkpoints, cli, dataset, devices
-from machinery.dataset import BUCKET_LOWER, BUCKETS, train_counts
 
 # --------------------------------------------------------------------------------------------------
 # The swap, the fit and its report

@@ -39,7 +39,7 @@ from collections import namedtuple
 import numpy as np
 import torch
 
-from machinery import cli
+from lab import cli
 
 # --help prints TASK_FORMATS
 TASK_FORMATS = """\

@@ -253,8 +253,8 @@ def bpe_data(tmp_path, text, tiny_encoding):
 
 
 def copy_project(folder, names):
-    """The project's files and folders names (scripts, machinery/, config/) copied into folder, a
-    new directory -> folder."""
+    """The project's files and folders names (scripts, kernels/, lab/, config/) copied into
+    folder, a new directory -> folder."""
     folder.mkdir()
     for name in names:
         source = os.path.join(ROOT, name)

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())  # the copy's leviathan.py, scripts and machinery/
+sys.path.insert(0, os.getcwd())  # the copy's leviathan.py, scripts, kernels/ and lab/
 
 import torch  # noqa: E402
 

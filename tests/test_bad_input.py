@@ -12,9 +12,8 @@ from conftest import spoil_training_loss
 
 import sample
 import train
-from lab import bench, evaluation
+from lab import bench, cli, evaluation
 from lab import eval as ev
-from machinery import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

@@ -16,7 +16,7 @@ from test_train import TINY
 
 PAGE = Path(ROOT) / "docs" / "training.md"
 PROJECT = ["leviathan.py", "train.py", "sample.py", "prepare_data.py", "lab", "kernels",
-           "machinery", "config"]
+           "config"]
 # the example each diff is, found by a line only it adds
 DIFFS = {"schedule": '+    "schedule": (', "weight_norm": "+def weight_norm(model):",
          "sgd": '+    "optimizer": (', "extra_eval": '+    "extra_dataset": (',

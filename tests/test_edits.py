@@ -60,12 +60,12 @@ EDITS = {
     "logit soft-cap": (set(), "return self.lm_head(x[:, -1:, :]), None",
                        "return 3 * torch.tanh(self.lm_head(x[:, -1:, :]) / 3), None"),
 }
-SCRIPTS = ["leviathan.py", "train.py", "sample.py", "lab", "kernels", "machinery"]
+SCRIPTS = ["leviathan.py", "train.py", "sample.py", "lab", "kernels"]
 
 
 def edited_copy(folder, *edits):
-    """The project's scripts and machinery/ in folder, with each edit's (old, new) applied to its
-    leviathan.py: old replaced by new."""
+    """The project's scripts, kernels/ and lab/ in folder, with each edit's (old, new) applied to
+    its leviathan.py: old replaced by new."""
     copy_project(folder, SCRIPTS)
     model_file = folder / "leviathan.py"
     text = model_file.read_text(encoding="utf-8")

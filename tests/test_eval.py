@@ -19,9 +19,10 @@ import torch
 from kernels.fast_lev import FastEmbedder
 from lab import eval as ev
 from lab import evaluation
+from lab.checkpoints import CHECKPOINT_VERSION
+from lab.dataset import CharTokenizer, TiktokenTokenizer
 from leviathan import GPT, Config
-from machinery.checkpoints import CHECKPOINT_VERSION
-from machinery.dataset import CharTokenizer, TiktokenTokenizer, eval_windows
+from train import eval_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 16

@@ -95,11 +95,11 @@ def test_the_model_loads_nothing_of_the_project_and_kernels_only_the_model():
     """The layering: leviathan.py imports nothing of the project; kernels/ imports leviathan.py
     alone (and itself); installing LEV's fast path alone leaves the lean head's module unloaded."""
     code = ("import sys, leviathan; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('kernels', 'machinery', 'lab', 'train', 'sample')))")
+            "('kernels', 'lab', 'train', 'sample')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
-    project = {"leviathan", "train", "sample", "prepare_data", "kernels", "machinery", "lab"}
+    project = {"leviathan", "train", "sample", "prepare_data", "kernels", "lab"}
     for path in sorted((Path(ROOT) / "kernels").glob("*.py")):
         for line in path.read_text(encoding="utf-8").splitlines():
             words = line.split()
@@ -116,11 +116,14 @@ def test_the_model_loads_nothing_of_the_project_and_kernels_only_the_model():
     assert out.stdout.split() == ["True", "False"]
 
 
-def test_the_package_imports_no_top_level_script():
-    """The layering: machinery/ sits below the model and the scripts, and never imports them."""
-    scripts = {"leviathan", "train", "sample", "eval", "prepare_data", "bench"}
-    for path in sorted((Path(ROOT) / "machinery").glob("*.py")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            words = line.split()
-            if words[:1] in (["import"], ["from"]) and len(words) > 1:
-                assert words[1].split(".")[0] not in scripts, f"{path.name}: {line.strip()}"
+def test_the_scripts_import_nothing_of_the_lab_and_the_top_level_holds_four():
+    """The layout: train.py, sample.py and prepare_data.py load nothing of lab/, even
+    transitively; the only Python files at the top are the model and those three scripts."""
+    code = ("import sys, train, sample, prepare_data; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lab'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+    top = sorted(p.name for p in Path(ROOT).glob("*.py"))
+    assert top == ["leviathan.py", "prepare_data.py", "sample.py", "train.py"]
+    assert not (Path(ROOT) / "machinery").exists()

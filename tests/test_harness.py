@@ -28,9 +28,9 @@ from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
 from lab import eval as ev
 from lab import tasks
+from lab.checkpoints import CHECKPOINT_VERSION, load_checkpoint
+from lab.dataset import CharTokenizer, TiktokenTokenizer
 from leviathan import GPT, Config
-from machinery.checkpoints import CHECKPOINT_VERSION, load_checkpoint
-from machinery.dataset import CharTokenizer, TiktokenTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 24  # shorter than most contexts here: they are cut from the left

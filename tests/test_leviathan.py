@@ -32,6 +32,7 @@ from conftest import (  # noqa: E402
 
 from kernels.fast_lev import FastEmbedder  # noqa: E402
 from kernels.fast_paths import install_fast_paths  # noqa: E402
+from lab.checkpoints import CHECKPOINT_VERSION, load_checkpoint  # noqa: E402
 from leviathan import (  # noqa: E402
     EMBEDDINGS,
     GPT,
@@ -42,7 +43,6 @@ from leviathan import (  # noqa: E402
     digit_base,
     sample_next,
 )
-from machinery.checkpoints import CHECKPOINT_VERSION, load_checkpoint  # noqa: E402
 
 arms = pytest.mark.parametrize("arm", EMBEDDINGS)
 

@@ -18,8 +18,7 @@ import tiktoken
 from conftest import ROOT, make_text
 
 import prepare_data
-from lab import corpus, corpus_readers, prepare_corpus
-from machinery import dataset
+from lab import corpus, corpus_readers, dataset, prepare_corpus
 
 
 def is_one_line_error(err):

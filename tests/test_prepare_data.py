@@ -1,5 +1,5 @@
 """prepare_data.py and the format it writes: a text file, downloaded or given, -> train.bin,
-val.bin, meta.json; machinery/dataset.py's reading helpers; the command line (all hermetic).
+val.bin, meta.json; lab/dataset.py's reading helpers; the command line (all hermetic).
 Corpora (lab/prepare_corpus.py): tests/test_prepare_corpus.py."""
 
 import hashlib
@@ -18,7 +18,7 @@ import tiktoken
 from conftest import ROOT, prepare_text
 
 import prepare_data
-from machinery import dataset
+from lab import dataset
 
 
 def is_one_line_error(err):
@@ -105,16 +105,6 @@ def test_reading_helpers_say_how_to_fix_a_missing_or_broken_dataset(tmp_path, te
     meta["vocab_size"] += 1
     with pytest.raises(ValueError, match="prepare the dataset again"):
         dataset.get_tokenizer(meta)
-
-
-def test_eval_windows():
-    # 10 windows, 100 targets; then the last target missing; then evenly spaced
-    assert dataset.eval_windows(101, 10).tolist() == list(range(0, 100, 10))
-    assert dataset.eval_windows(100, 10).tolist() == list(range(0, 90, 10))
-    assert dataset.eval_windows(1001, 10, max_windows=4).tolist() == [0, 250, 500, 750]
-    assert dataset.eval_windows(101, 10, max_windows=50).tolist() == list(range(0, 100, 10))
-    with pytest.raises(ValueError, match="too short"):
-        dataset.eval_windows(10, 10)
 
 
 def test_unavailable_tiktoken_encodings_give_clear_errors(monkeypatch):
@@ -273,7 +263,7 @@ def test_preparing_data_loads_nothing_but_numpy_and_tiktoken(tmp_path, text):
     imported = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in result.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line}
     assert {"numpy", "tiktoken"} <= imported
-    assert imported & {"torch", "machinery", "lab", "kernels", "leviathan"} == set()
+    assert imported & {"torch", "lab", "kernels", "leviathan"} == set()
 
 
 def test_a_damaged_meta_json_is_one_line(tmp_path, text):

@@ -17,9 +17,8 @@ import leviathan
 import sample
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
+from lab import checkpoints, dataset, retrofit
 from lab import eval as ev
-from lab import retrofit
-from machinery import checkpoints, dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -319,7 +318,7 @@ def test_the_recipe_of_docs_retrofit(tmp_path, text):
     page = (Path(ROOT) / "docs" / "retrofit.md").read_text(encoding="utf-8")
     [recipe] = [r for r in re.findall(r"```bash\n(.*?)```", page, re.S) if "lab/retrofit.py" in r]
     copy = copy_project(tmp_path / "copy", ["leviathan.py", "train.py", "sample.py", "lab",
-                                            "kernels", "machinery", "config"])
+                                            "kernels", "config"])
     tiny = [f for f in test_train.TINY if not f.startswith(("--device", "--log_interval"))]
     (copy / "config" / "shakespeare_cpu.py").write_text(
         "".join(f"{f[2:].split('=')[0]} = {f.split('=')[1]}\n" for f in tiny))

@@ -13,7 +13,7 @@ from conftest import fast_path_check_running
 
 import leviathan
 import sample
-from machinery import dataset
+from lab import dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -123,7 +123,7 @@ def test_streamed_stdout_equals_returned_texts_token_by_token(char_ckpt, capsys,
 
 
 def test_stream_text_holds_back_incomplete_utf8_characters(tiny_encoding):
-    """machinery/dataset.py's stream_text (lab/harness_model.py streams with it; sample.py decodes
+    """lab/dataset.py's stream_text (lab/harness_model.py streams with it; sample.py decodes
     with an incremental UTF-8 decoder, tested below)."""
     # byte-level: multi-byte characters span several ids
     tok = dataset.TiktokenTokenizer(tiny_encoding)
@@ -316,7 +316,7 @@ def test_plain_and_compile_compile_the_model_as_written(char_ckpt, capsys):
 
 def test_sampling_loads_neither_the_lean_head_nor_the_lab(char_ckpt):
     """sample.py's path: leviathan.py and LEV's fast path; not the training-only lean head, nor
-    machinery/ or lab/."""
+    lab/."""
     code = (f"import sys, sample; sample.main(['--out_dir={char_ckpt}', '--num_samples=1', "
             f"'--max_new_tokens=2']); print(sorted(sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -326,4 +326,4 @@ def test_sampling_loads_neither_the_lean_head_nor_the_lab(char_ckpt):
     assert {"leviathan", "kernels.fast_lev", "kernels.fast_paths"} <= loaded
     assert "fast_paths=on" in done.stderr  # LEV's fast path was installed, and checked
     assert not {m for m in loaded if m == "kernels.lean_head" or m.split(".")[0] in
-                {"machinery", "lab"}}
+                {"lab"}}

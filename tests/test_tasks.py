@@ -24,9 +24,9 @@ from conftest import make_tiny_encoding
 
 from lab import eval as ev
 from lab import tasks
+from lab.checkpoints import CHECKPOINT_VERSION
+from lab.dataset import CharTokenizer, TiktokenTokenizer
 from leviathan import GPT, Config
-from machinery.checkpoints import CHECKPOINT_VERSION
-from machinery.dataset import CharTokenizer, TiktokenTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,9 +19,9 @@ from conftest import ROOT, fast_path_check_running, prepare_text, spoil_training
 
 import leviathan
 import train
+from lab import checkpoints, dataset
 from lab import eval as ev
 from leviathan import GPT, Config
-from machinery import checkpoints, dataset
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16",
         "--lev_heads=2", "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2",

@@ -10,8 +10,8 @@ import pickle
 
 import torch
 
-from machinery import dataset
-from machinery.cli import atomic_path, one_line
+from lab import dataset
+from lab.cli import atomic_path, one_line
 
 # --------------------------------------------------------------------------------------------------
 # Checkpoints: written by train.py, read by train.py (resume, fine-tune), sample.py, eval.py

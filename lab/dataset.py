@@ -1,15 +1,15 @@
 """Reading a prepared dataset: its tokenizer, meta.json, the train and val splits, the eval windows.
 
-prepare_data.py writes the format (machinery/corpus.py; prepare_data.py's docstring describes it);
-train.py, sample.py, eval.py and bench.py read it with get_tokenizer, load_meta, load_split and
-eval_windows. numpy and tiktoken only: no torch.
+prepare_data.py writes the format (lab/corpus.py; prepare_data.py's docstring describes it);
+the lab's tools read it with get_tokenizer, load_meta and load_split (train.py and sample.py
+read it themselves). numpy and tiktoken only: no torch.
 """
 
 import os
 
 import numpy as np
 
-from machinery.cli import parse_json
+from lab.cli import parse_json
 
 # The datasets prepare_data.py knows by name: where to download them, their sha256, and their
 # default tokenizer. Here, not in prepare_data.py, because prepare_command's messages name them too.
@@ -214,26 +214,6 @@ def load_split(data_dir, split):
     if n_tokens == 0:
         return np.zeros(0, dtype=meta["dtype"])  # np.memmap cannot map an empty file
     return np.memmap(path, dtype=meta["dtype"], mode="r")
-
-
-def eval_windows(n_tokens, block_size, max_windows=None):
-    """Start offsets of the fixed evaluation windows of a split of n_tokens tokens.
-
-    Window i has inputs tokens[s:s+block_size] and targets tokens[s+1:s+block_size+1],
-    s = i * block_size, for i in range((n_tokens - 1) // block_size): non-overlapping, every target
-    token counted once. With max_windows smaller than that, an evenly spaced subset. train.py and
-    eval.py both use these windows, so their losses are measured on the same tokens."""
-    n_windows = (n_tokens - 1) // block_size
-    if n_windows < 1:
-        raise ValueError(f"a split of {n_tokens} tokens is too short for one window of "
-                         f"block_size={block_size} (needs {block_size + 1}); use a smaller "
-                         f"block_size or more text")
-    starts = np.arange(n_windows, dtype=np.int64) * block_size
-    if max_windows is not None and max_windows < n_windows:
-        if max_windows < 1:
-            raise ValueError(f"max_windows={max_windows} must be at least 1")
-        starts = starts[np.arange(max_windows) * n_windows // max_windows]
-    return starts
 
 
 # The frequency buckets of eval.py's table and of a retrofit's fit (lab/retrofit.py); an id is
