@@ -111,11 +111,10 @@ def read_config(path):
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
     except (OSError, ValueError, SyntaxError, MemoryError, RecursionError) as e:
-        line = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
         what = ("nested too deeply to read" if isinstance(e, (MemoryError, RecursionError))
-                else getattr(e, "strerror", None) or getattr(e, "msg", None) or e)
-        raise ValueError(f"config file {path}{line}: {one_line(what).split(';')[0]}; only UTF-8 "
-                         f"`key = value` lines are allowed") from None
+                else one_line(e))  # a SyntaxError's names its line
+        raise ValueError(f"config file {path}: {what}; only UTF-8 `key = value` lines are "
+                         f"allowed") from None
     for node in tree.body:
         where = f"{path} line {node.lineno}"
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -341,14 +340,10 @@ def read_checkpoint(path, for_resume=False):
         older = "Commit 66d9f67 of leviathan reads it" if version == 1 else "Retrain"
         raise ValueError(f"{path} is a checkpoint of format {version!r}; this code reads 2. "
                          f"{older}")
-    need = {"model": dict, "model_config": dict, "meta": dict} | ({
-        "train_config": dict, "step": int, "tokens_seen": int, "best_val_loss": float,
-        "optimizer": dict, "rng": dict} if for_resume else {})
-    for key, kind in need.items():
-        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
-            found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
-            raise ValueError(f"{path}: {key!r} is {found}, not a {kind.__name__}; it was edited "
-                             f"or not written by train.py. Use an untouched checkpoint")
+    tables = ["model", "model_config", "meta"] + ["train_config", "optimizer", "rng"] * for_resume
+    if bad := [key for key in tables if not isinstance(ckpt.get(key), dict)]:  # counters: train()
+        raise ValueError(f"{path}: {', '.join(bad)} missing or not a dict; it was edited or not "
+                         f"written by train.py. Use an untouched checkpoint")
     return ckpt, path
 
 
@@ -482,10 +477,11 @@ def train(s, explicit):
         check_same_tokens(ckpt["meta"], meta, source, data_dir, "use data of the same tokens")
     if resuming:
         model = build_model(ckpt, source)
-        step, tokens_seen, best_val_loss = ckpt["step"], ckpt["tokens_seen"], ckpt["best_val_loss"]
         elapsed_before, origin = ckpt.get("elapsed_s", 0.0), ckpt.get("origin")
-        try:
-            assert step >= 0 and tokens_seen >= 0, f"step={step}, tokens_seen={tokens_seen}"
+        try:  # a counter or an rng state missing, of another type (TypeError) or negative
+            step, tokens_seen = ckpt["step"], ckpt["tokens_seen"]
+            best_val_loss = ckpt["best_val_loss"]
+            assert min(step, tokens_seen, best_val_loss) >= 0, "a counter is negative"
             data_order.set_state(ckpt["rng"]["data"])
             torch.set_rng_state(ckpt["rng"]["torch"])
             if device.type == "cuda" and "cuda" in ckpt["rng"]:
