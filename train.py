@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import difflib
 import errno
-import glob
 import json
 import math
 import os
@@ -359,9 +358,10 @@ def build_model(ckpt, path):
 
 
 def write_atomic(path, obj):
-    """obj (text, or what torch.save writes) to path.tmpPID, which then replaces path: no reader
-    sees half a file, and a failure leaves path whole and no tmp behind (nor a dead writer's)."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    """obj (text, or what torch.save writes) to path.tmp, which then replaces path: no reader sees
+    half a file, and a failure leaves path whole and no tmp behind (a writer killed mid-write
+    leaves path.tmp, which the next write of path replaces)."""
+    tmp = f"{path}.tmp"
     try:
         if isinstance(obj, str):
             with open(tmp, "w", encoding="utf-8") as f:
@@ -537,7 +537,6 @@ def train(s, explicit):
             os.makedirs(out_dir, exist_ok=True)
         except OSError as e:
             raise OSError(e.errno, f"cannot write in {out_dir} ({e.strerror})") from None
-        remove_stale_temps(out_dir)
         write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in records))
     sizes = model.param_report()
     log(f"data: {data_dir}, {meta['tokenizer']} tokens, vocab {meta['vocab_size']:,}, train "
@@ -709,17 +708,6 @@ def read_log(path, last_step):
                 raise ValueError(f"{path}:{n} is not a log record; fix or delete that line, then "
                                  f"resume") from None
     return records
-
-
-def remove_stale_temps(folder):
-    """Remove the NAME.tmpPID files of writers killed mid-write (their process is gone)."""
-    for tmp in glob.glob(os.path.join(glob.escape(folder), "*.tmp*")):
-        pid = tmp.rpartition(".tmp")[2]
-        with contextlib.suppress(PermissionError, OverflowError, ValueError):
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                os.remove(tmp)
 
 
 def one_line(text):
