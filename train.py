@@ -279,13 +279,12 @@ def load_data(folder):
             meta = json.loads(f.read().decode("utf-8"))
     except (ValueError, RecursionError, MemoryError) as e:  # a UnicodeDecodeError is a ValueError
         raise ValueError(f"{path} is not valid JSON ({type(e).__name__}); {again}") from None
-    keys = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens")
-    missing = [k for k in keys if k not in meta] if isinstance(meta, dict) else keys
-    if missing or meta["dtype"] not in ("uint16", "uint32") or not all(
-            type(meta[k]) is int and meta[k] >= 0 for k in keys[1::2] + keys[4:]):
-        raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else "needs "
-                         "dtype uint16 or uint32 and vocab_size, train_tokens and val_tokens "
-                         f"non-negative integers (dtype={meta['dtype']!r})") + f"; {again}")
+    counts = ("vocab_size", "train_tokens", "val_tokens")
+    well_formed = isinstance(meta, dict) and "tokenizer" in meta and all(
+        type(meta.get(k)) is int and meta[k] >= 0 for k in counts)
+    if not well_formed or meta.get("dtype") not in ("uint16", "uint32"):
+        raise ValueError(f"{path} needs a tokenizer, dtype uint16 or uint32, and vocab_size, "
+                         f"train_tokens and val_tokens non-negative integers; {again}")
     splits = []
     for split in ("train", "val"):
         path, n = os.path.join(folder, f"{split}.bin"), meta[f"{split}_tokens"]

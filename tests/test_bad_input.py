@@ -99,10 +99,10 @@ def test_train_refuses_damaged_data(tmp_path, char_data, run_cli):
     meta_path = char_data / "tiny_char" / "meta.json"
     meta = meta_path.read_text()
     for bad, message in [(meta.replace('"uint16"', '"float64"'),
-                          "needs dtype uint16 or uint32"),
+                          "dtype uint16 or uint32"),
                          (meta.replace('"train_tokens": ', '"train_tokens": -'),
                           "train_tokens and val_tokens non-negative integers"),
-                         ("[1, 2]", "lacks tokenizer")]:
+                         ("[1, 2]", "needs a tokenizer")]:
         meta_path.write_text(bad)
         code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=1")
         assert_one_line(code, err, message, "train.py")
