@@ -216,9 +216,6 @@ def resolve(s, explicit):
                          f"{s['lr_decay_iters']}")
     if resuming:
         s["out_dir"] = formatted_out_dir(s)
-        if not os.path.isfile(os.path.join(s["out_dir"], "ckpt.pt")):
-            raise ValueError(f"{s['out_dir']} holds no ckpt.pt to resume; start the run without "
-                             f"--init_from=resume, or fix --out_dir")
         ckpt, path = read_checkpoint(s["out_dir"], for_resume=True)
         for key, value in ckpt["train_config"].items():  # a retired or unknown key: left out
             if key in SETTINGS.keys() - MODEL.keys() - explicit - {"out_dir", "init_from"}:
@@ -244,10 +241,6 @@ def resolve(s, explicit):
                              f"--overwrite to replace it")
     if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
         raise ValueError(f"out_dir={s['out_dir']} is a file, not a folder; give another path")
-    if (ckpt and not resuming and os.path.isdir(s["out_dir"])
-            and os.path.samefile(os.path.dirname(path), s["out_dir"])):
-        raise ValueError(f"--init_from={s['init_from']} is this run's own out_dir; fine-tune into "
-                         f"another --out_dir, or continue that run with --init_from=resume")
     return s, ckpt, path
 
 

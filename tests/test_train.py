@@ -383,7 +383,7 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
         ([str(tmp_path / "missing.py")], "No such file"),
         (["--init_from=resume", "--dataset=tiny_bpe"], "trained on char tokens (vocab_size 36)"),
         (["--init_from=resume", "--n_embd=64"], "has n_embd=32, this run asks for 64"),
-        (["--init_from=resume", f"--out_dir={tmp_path / 'none'}"], "holds no ckpt.pt to resume"),
+        (["--init_from=resume", f"--out_dir={tmp_path / 'none'}"], "no checkpoint at"),
         # a setting that does not apply is refused, not ignored
         (["--lev_fast=False", "--lev_c_kernels=False"], "lev_c_kernels=False is a setting of "
                                                         "LEV's fast path, and lev_fast=False"),
@@ -618,7 +618,7 @@ def test_fine_tuning_refuses_another_tokenizer_and_bad_freezes(tmp_path, two_bpe
          "freeze='everything': choose among embedding, backbone, head"),
         ([src, "--freeze=embedding,backbone,head"], "leaves nothing to train"),
         ([f"--init_from={tmp_path / 'nowhere'}"], "no checkpoint at"),
-        ([src, f"--out_dir={tmp_path / 'src'}", "--overwrite"], "is this run's own out_dir"),
+        ([src, f"--out_dir={tmp_path / 'src'}"], "already holds a run (ckpt.pt)"),  # its own
     ]
     for args, message in cases:
         code, _, err = run_train(capsys, data, tmp_path / "ft", *args, dataset="a")
