@@ -19,7 +19,6 @@ import ast
 import contextlib
 import dataclasses
 import difflib
-import errno
 import json
 import math
 import os
@@ -528,7 +527,8 @@ def train(s, explicit):
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as e:
-            raise OSError(e.errno, f"cannot write in {out_dir} ({e.strerror})") from None
+            raise OSError(e.errno, f"cannot write in {out_dir} ({e.strerror}); train into a "
+                          f"folder you can write to (--out_dir)") from None
         write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in records))
     sizes = model.param_report()
     log(f"data: {data_dir}, {meta['tokenizer']} tokens, vocab {meta['vocab_size']:,}, train "
@@ -726,10 +726,7 @@ def main(argv=None):
             f"{path} keeps the last saved state" if os.path.isfile(path) else
             "no checkpoint was saved yet: the same command starts the run again"), 130
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint; a refusal to write
-        write = "; train into a folder you can write to (--out_dir)"
-        advice = {errno.EROFS: write, errno.EACCES: write,
-                  errno.ENOSPC: "; free disk space or train into another --out_dir"}
-        message = one_line(e) + advice.get(getattr(e, "errno", None), "")
+        message = one_line(e)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not isinstance(e, MemoryError) and "memory" not in str(e):
             raise  # a bug, not the machine's limit: its traceback is what a report needs
