@@ -19,8 +19,6 @@ import ast
 import contextlib
 import dataclasses
 import difflib
-import errno
-import glob
 import json
 import math
 import os
@@ -111,11 +109,10 @@ def read_config(path):
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
     except (OSError, ValueError, SyntaxError, MemoryError, RecursionError) as e:
-        line = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
         what = ("nested too deeply to read" if isinstance(e, (MemoryError, RecursionError))
-                else getattr(e, "strerror", None) or getattr(e, "msg", None) or e)
-        raise ValueError(f"config file {path}{line}: {one_line(what).split(';')[0]}; only UTF-8 "
-                         f"`key = value` lines are allowed") from None
+                else one_line(e))  # a SyntaxError's names its line
+        raise ValueError(f"config file {path}: {what}; only UTF-8 `key = value` lines are "
+                         f"allowed") from None
     for node in tree.body:
         where = f"{path} line {node.lineno}"
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -177,9 +174,6 @@ def set_setting(s, key, value, where):
                          f"{default!r})")
     if key in CHOICES and value not in CHOICES[key]:
         raise ValueError(f"{where}: {key}={value!r}; choose one of {', '.join(CHOICES[key])}")
-    if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
-        raise ValueError(f"{where}: the value of {key} holds a surrogate escape (\\ud800 to "
-                         f"\\udfff), which is no character; write the character itself")
     s[key] = value
 
 
@@ -221,9 +215,6 @@ def resolve(s, explicit):
                          f"{s['lr_decay_iters']}")
     if resuming:
         s["out_dir"] = formatted_out_dir(s)
-        if not os.path.isfile(os.path.join(s["out_dir"], "ckpt.pt")):
-            raise ValueError(f"{s['out_dir']} holds no ckpt.pt to resume; start the run without "
-                             f"--init_from=resume, or fix --out_dir")
         ckpt, path = read_checkpoint(s["out_dir"], for_resume=True)
         for key, value in ckpt["train_config"].items():  # a retired or unknown key: left out
             if key in SETTINGS.keys() - MODEL.keys() - explicit - {"out_dir", "init_from"}:
@@ -249,10 +240,6 @@ def resolve(s, explicit):
                              f"--overwrite to replace it")
     if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
         raise ValueError(f"out_dir={s['out_dir']} is a file, not a folder; give another path")
-    if (ckpt and not resuming and os.path.isdir(s["out_dir"])
-            and os.path.samefile(os.path.dirname(path), s["out_dir"])):
-        raise ValueError(f"--init_from={s['init_from']} is this run's own out_dir; fine-tune into "
-                         f"another --out_dir, or continue that run with --init_from=resume")
     return s, ckpt, path
 
 
@@ -284,13 +271,12 @@ def load_data(folder):
             meta = json.loads(f.read().decode("utf-8"))
     except (ValueError, RecursionError, MemoryError) as e:  # a UnicodeDecodeError is a ValueError
         raise ValueError(f"{path} is not valid JSON ({type(e).__name__}); {again}") from None
-    keys = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens")
-    missing = [k for k in keys if k not in meta] if isinstance(meta, dict) else keys
-    if missing or meta["dtype"] not in ("uint16", "uint32") or not all(
-            type(meta[k]) is int and meta[k] >= 0 for k in keys[1::2] + keys[4:]):
-        raise ValueError(f"{path} " + (f"lacks {', '.join(missing)}" if missing else "needs "
-                         "dtype uint16 or uint32 and vocab_size, train_tokens and val_tokens "
-                         f"non-negative integers (dtype={meta['dtype']!r})") + f"; {again}")
+    counts = ("vocab_size", "train_tokens", "val_tokens")
+    well_formed = isinstance(meta, dict) and "tokenizer" in meta and all(
+        type(meta.get(k)) is int and meta[k] >= 0 for k in counts)
+    if not well_formed or meta.get("dtype") not in ("uint16", "uint32"):
+        raise ValueError(f"{path} needs a tokenizer, dtype uint16 or uint32, and vocab_size, "
+                         f"train_tokens and val_tokens non-negative integers; {again}")
     splits = []
     for split in ("train", "val"):
         path, n = os.path.join(folder, f"{split}.bin"), meta[f"{split}_tokens"]
@@ -344,14 +330,10 @@ def read_checkpoint(path, for_resume=False):
         older = "Commit 66d9f67 of leviathan reads it" if version == 1 else "Retrain"
         raise ValueError(f"{path} is a checkpoint of format {version!r}; this code reads 2. "
                          f"{older}")
-    need = {"model": dict, "model_config": dict, "meta": dict} | ({
-        "train_config": dict, "step": int, "tokens_seen": int, "best_val_loss": float,
-        "optimizer": dict, "rng": dict} if for_resume else {})
-    for key, kind in need.items():
-        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
-            found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
-            raise ValueError(f"{path}: {key!r} is {found}, not a {kind.__name__}; it was edited "
-                             f"or not written by train.py. Use an untouched checkpoint")
+    tables = ["model", "model_config", "meta"] + ["train_config", "optimizer", "rng"] * for_resume
+    if bad := [key for key in tables if not isinstance(ckpt.get(key), dict)]:  # counters: train()
+        raise ValueError(f"{path}: {', '.join(bad)} missing or not a dict; it was edited or not "
+                         f"written by train.py. Use an untouched checkpoint")
     return ckpt, path
 
 
@@ -367,9 +349,10 @@ def build_model(ckpt, path):
 
 
 def write_atomic(path, obj):
-    """obj (text, or what torch.save writes) to path.tmpPID, which then replaces path: no reader
-    sees half a file, and a failure leaves path whole and no tmp behind (nor a dead writer's)."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    """obj (text, or what torch.save writes) to path.tmp, which then replaces path: no reader sees
+    half a file, and a failure leaves path whole and no tmp behind (a writer killed mid-write
+    leaves path.tmp, which the next write of path replaces)."""
+    tmp = f"{path}.tmp"
     try:
         if isinstance(obj, str):
             with open(tmp, "w", encoding="utf-8") as f:
@@ -475,9 +458,6 @@ def train(s, explicit):
     # data: the splits, and fixed evaluation windows (as many of the train split as of val)
     data_dir = os.path.join(s["data_dir"], s["dataset"])
     meta, train_data, val_data = load_data(data_dir)
-    if len(train_data) <= T:
-        raise ValueError(f"the train split of {data_dir} has {len(train_data)} tokens, too few "
-                         f"for block_size={T}; use a smaller block_size or more text")
     val_starts = eval_windows(len(val_data), T, s["eval_iters"] * B or None)
     train_starts = eval_windows(len(train_data), T, len(val_starts))
 
@@ -488,10 +468,11 @@ def train(s, explicit):
         check_same_tokens(ckpt["meta"], meta, source, data_dir, "use data of the same tokens")
     if resuming:
         model = build_model(ckpt, source)
-        step, tokens_seen, best_val_loss = ckpt["step"], ckpt["tokens_seen"], ckpt["best_val_loss"]
         elapsed_before, origin = ckpt.get("elapsed_s", 0.0), ckpt.get("origin")
-        try:
-            assert step >= 0 and tokens_seen >= 0, f"step={step}, tokens_seen={tokens_seen}"
+        try:  # a counter or an rng state missing, of another type (TypeError) or negative
+            step, tokens_seen = ckpt["step"], ckpt["tokens_seen"]
+            best_val_loss = ckpt["best_val_loss"]
+            assert min(step, tokens_seen, best_val_loss) >= 0, "a counter is negative"
             data_order.set_state(ckpt["rng"]["data"])
             torch.set_rng_state(ckpt["rng"]["torch"])
             if device.type == "cuda" and "cuda" in ckpt["rng"]:
@@ -529,9 +510,6 @@ def train(s, explicit):
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
     if resuming:
         try:
-            if len(ckpt["optimizer"].get("param_groups", [])) == 4:  # LEV's own two, retired
-                raise ValueError("LEV's own optimizer groups: --lev_lr_scale or --lev_wd_scale, "
-                                 "retired; commit 66d9f67 resumes it")
             optimizer.load_state_dict(ckpt["optimizer"])
             if "scaler" in ckpt:
                 scaler.load_state_dict(ckpt["scaler"])
@@ -549,8 +527,8 @@ def train(s, explicit):
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as e:
-            raise OSError(e.errno, f"cannot write in {out_dir} ({e.strerror})") from None
-        remove_stale_temps(out_dir)
+            raise OSError(e.errno, f"cannot write in {out_dir} ({e.strerror}); train into a "
+                          f"folder you can write to (--out_dir)") from None
         write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in records))
     sizes = model.param_report()
     log(f"data: {data_dir}, {meta['tokenizer']} tokens, vocab {meta['vocab_size']:,}, train "
@@ -724,17 +702,6 @@ def read_log(path, last_step):
     return records
 
 
-def remove_stale_temps(folder):
-    """Remove the NAME.tmpPID files of writers killed mid-write (their process is gone)."""
-    for tmp in glob.glob(os.path.join(glob.escape(folder), "*.tmp*")):
-        pid = tmp.rpartition(".tmp")[2]
-        with contextlib.suppress(PermissionError, OverflowError, ValueError):
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                os.remove(tmp)
-
-
 def one_line(text):
     return " ".join(str(text).split())
 
@@ -759,10 +726,7 @@ def main(argv=None):
             f"{path} keeps the last saved state" if os.path.isfile(path) else
             "no checkpoint was saved yet: the same command starts the run again"), 130
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint; a refusal to write
-        write = "; train into a folder you can write to (--out_dir)"
-        advice = {errno.EROFS: write, errno.EACCES: write,
-                  errno.ENOSPC: "; free disk space or train into another --out_dir"}
-        message = one_line(e) + advice.get(getattr(e, "errno", None), "")
+        message = one_line(e)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not isinstance(e, MemoryError) and "memory" not in str(e):
             raise  # a bug, not the machine's limit: its traceback is what a report needs

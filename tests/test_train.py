@@ -383,7 +383,7 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
         ([str(tmp_path / "missing.py")], "No such file"),
         (["--init_from=resume", "--dataset=tiny_bpe"], "trained on char tokens (vocab_size 36)"),
         (["--init_from=resume", "--n_embd=64"], "has n_embd=32, this run asks for 64"),
-        (["--init_from=resume", f"--out_dir={tmp_path / 'none'}"], "holds no ckpt.pt to resume"),
+        (["--init_from=resume", f"--out_dir={tmp_path / 'none'}"], "no checkpoint at"),
         # a setting that does not apply is refused, not ignored
         (["--lev_fast=False", "--lev_c_kernels=False"], "lev_c_kernels=False is a setting of "
                                                         "LEV's fast path, and lev_fast=False"),
@@ -478,18 +478,17 @@ def test_eval_windows():
         train.eval_windows(10, 10)
 
 
-def test_the_machine_refusing_to_write_gets_advice(monkeypatch, capsys):
-    """A read-only out_dir, no permission, a full disk: the OS's own message, then what to do."""
-    for code, advice in [(errno.EROFS, "a folder you can write to"),
-                         (errno.EACCES, "a folder you can write to"),
-                         (errno.ENOSPC, "free disk space")]:
-        def refused(*args, code=code):
-            raise OSError(code, os.strerror(code), "out/log.jsonl")
+def test_the_machine_refusing_to_write_gets_advice(tmp_path, char_data, monkeypatch, capsys):
+    """A read-only out_dir, no permission, a full disk: the OS's own message, then what to do (a
+    full disk in a save: tests/test_bad_input.py)."""
+    for number in (errno.EROFS, errno.EACCES, errno.ENOSPC):
+        def refused(*args, number=number, **kwargs):
+            raise OSError(number, os.strerror(number))
 
-        monkeypatch.setattr(train, "train", refused)
-        assert train.main(["--device=cpu"]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and os.strerror(code) in err and advice in err
+        monkeypatch.setattr(train.os, "makedirs", refused)
+        code, _, err = run_train(capsys, char_data, tmp_path / "out", "--max_iters=1")
+        assert code == 2 and err.count("\n") == 1 and os.strerror(number) in err, err
+        assert f"cannot write in {tmp_path / 'out'}" in err and "a folder you can write to" in err
 
 
 def test_settings_files_then_flags_and_the_shipped_configs():
@@ -618,7 +617,7 @@ def test_fine_tuning_refuses_another_tokenizer_and_bad_freezes(tmp_path, two_bpe
          "freeze='everything': choose among embedding, backbone, head"),
         ([src, "--freeze=embedding,backbone,head"], "leaves nothing to train"),
         ([f"--init_from={tmp_path / 'nowhere'}"], "no checkpoint at"),
-        ([src, f"--out_dir={tmp_path / 'src'}", "--overwrite"], "is this run's own out_dir"),
+        ([src, f"--out_dir={tmp_path / 'src'}"], "already holds a run (ckpt.pt)"),  # its own
     ]
     for args, message in cases:
         code, _, err = run_train(capsys, data, tmp_path / "ft", *args, dataset="a")
