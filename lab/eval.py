@@ -47,7 +47,6 @@ from lab import cli, devices, tasks
 from lab.checkpoints import load_checkpoint
 from lab.dataset import BUCKET_LOWER, BUCKETS, get_tokenizer, train_counts
 from lab.evaluation import check_args, labels, load_data, read_curve, scored_on, write_outputs
-from leviathan import GPT, Config
 from train import eval_windows  # the windows train.py's val loss scores
 
 LAMBADA_RULE = """\
@@ -295,7 +294,7 @@ def load_runs(dirs, device, plain=False, dataset=None):
     arms = []
     for d in dirs:
         try:
-            model, ckpt = load_checkpoint(d, GPT, Config, device)
+            model, ckpt = load_checkpoint(d, device)
         except (FileNotFoundError, ValueError) as e:
             fail(str(e))
         # eval.py's run settings: LEV's fast path (unless --plain) and the plain head

@@ -22,7 +22,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
 
 from lab import checkpoints, cli
-from leviathan import GPT, Config
 
 TESTED = "0.4.13"  # the lm_eval release the adapter is tested with
 
@@ -43,7 +42,7 @@ else:
 
         def load(self, run, device):
             try:
-                return checkpoints.load_model_and_tokenizer(run, GPT, Config, device)
+                return checkpoints.load_model_and_tokenizer(run, device)
             except (OSError, ValueError) as e:
                 raise harness.AdapterError(str(e)) from None
 

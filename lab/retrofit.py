@@ -31,6 +31,7 @@ from kernels.fast_paths import install_fast_paths
 from lab import checkpoints, cli, dataset, devices
 from lab.dataset import BUCKET_LOWER, BUCKETS, train_counts
 from leviathan import GPT, Config
+from train import read_checkpoint
 
 # --------------------------------------------------------------------------------------------------
 # The swap, the fit and its report
@@ -266,8 +267,8 @@ def parse_args(argv):
 def read_source(args):
     """RUN's checkpoint, checked: a tied or untied model whose weights fit its settings ->
     (checkpoint, its path, the lev model's Config: RUN's architecture with the lev_* flags)."""
-    source, path = checkpoints.read_checkpoint(args.run)
-    checkpoints.build_model(source, path, GPT, Config)  # its settings and weights fit, all finite
+    source, path = read_checkpoint(args.run)
+    checkpoints.load_checkpoint(path)  # its settings and weights fit, all finite
     arm = source["model_config"]["embedding"]
     if arm == "lev":
         raise ValueError(f"{path} is a lev model already: nothing to retrofit. Fine-tune it as it "

@@ -379,7 +379,7 @@ def test_the_command_line_scores_as_eval_py_task(lm_eval, world, char_run, tmp_p
     assert results["config"]["model"] == "leviathan"
     assert results["config"]["leviathan_run"] == str(char_run)
     # the model and run settings of eval.py
-    model, ckpt = load_checkpoint(str(char_run), GPT, Config, "cpu")
+    model, ckpt = load_checkpoint(str(char_run), "cpu")
     install_fast_paths(model, lev=FastEmbedder())
     tokenizer = CharTokenizer(ckpt["meta"]["chars"])
     for name in ("piqa", "winogrande"):

@@ -144,7 +144,7 @@ def test_the_swap_keeps_the_source_and_puts_lev_table_at_the_input(tmp_path, cha
     backbone = [k for k in src["model"] if not k.startswith(("tok_emb.", "lm_head."))]
     assert backbone and all(torch.equal(rf["model"][k], src["model"][k]) for k in backbone)
     # the forward: the source's, with LEV.table() in place of its input table (float64)
-    lev_model, _ = checkpoints.load_checkpoint(tmp_path / "rf.pt", leviathan.GPT, leviathan.Config)
+    lev_model, _ = checkpoints.load_checkpoint(tmp_path / "rf.pt")
     table_config = {**src["model_config"], "embedding": "untied"}
     table_model = leviathan.GPT(leviathan.Config(**table_config)).eval()
     table_model.load_state_dict({**src["model"], "lm_head.weight": src["model"][head_key]})

@@ -21,7 +21,6 @@ import leviathan
 import train
 from lab import checkpoints, dataset
 from lab import eval as ev
-from leviathan import GPT, Config
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--lev_seed_dim=16",
         "--lev_heads=2", "--lev_rank=8", "--lev_knots=6", "--batch_size=4", "--eval_iters=2",
@@ -76,7 +75,7 @@ def test_end_to_end_on_the_command_line(tmp_path, bpe_data):
     assert records[0]["lr"] > 0 and records[0]["embedding"] == "lev"
     assert records[-1]["val_loss"] < records[0]["val_loss"]
 
-    model, ckpt = checkpoints.load_checkpoint(str(out), GPT, Config)  # loads with weights_only=True
+    model, ckpt = checkpoints.load_checkpoint(str(out))  # loads with weights_only=True
     assert ckpt["step"] == 4 and ckpt["tokens_seen"] == 4 * 4 * 16
     assert ckpt["meta"]["tokenizer"] == "tiny" and ckpt["model_config"]["vocab_size"] == 256
     assert ckpt["best_val_loss"] == min(r["val_loss"] for r in records)
@@ -282,7 +281,7 @@ def test_a_checkpoint_older_than_a_model_setting_loads_and_resumes(tmp_path, cha
     ckpt = torch.load(path, weights_only=True)
     del ckpt["model_config"]["lev_out_init_std"]
     torch.save(ckpt, path)
-    model, _ = checkpoints.load_checkpoint(path, GPT, Config)
+    model, _ = checkpoints.load_checkpoint(path)
     assert model.config.lev_out_init_std == 0.002
     code, _, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume",
                              "--lev_out_init_std=0.1")
@@ -559,7 +558,7 @@ def test_fine_tuning_starts_from_the_source_weights(tmp_path, two_bpe_datasets, 
     assert f"fine-tuning {tmp_path / 'src' / 'ckpt.pt'} (step 6, dataset a)" in out
     # step 0 of the new run scores the source model on the new data: the same number
     # eval.py computes
-    source, _ = checkpoints.load_checkpoint(tmp_path / "src", GPT, Config)
+    source, _ = checkpoints.load_checkpoint(tmp_path / "src")
     val = dataset.load_split(str(data / "b"), "val")
     losses_b, _ = ev.evaluate_tokens(source, val, 4, "cpu")
     first = read_log(tmp_path / "ft")[0]
