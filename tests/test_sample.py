@@ -100,19 +100,22 @@ def test_no_kv_cache_feeds_the_whole_context_at_every_step(char_ckpt, capsys, mo
     assert "kv_cache=off" in capsys.readouterr().err
 
 
+class FlushRecorder:
+    """A stdout that keeps what each flush showed (flushed) and what is not flushed yet (buffer)."""
+
+    def __init__(self):
+        self.buffer, self.flushed = "", []
+
+    def write(self, s):
+        self.buffer += s
+
+    def flush(self):
+        self.flushed.append(self.buffer)
+        self.buffer = ""
+
+
 def test_streamed_stdout_equals_returned_texts_token_by_token(char_ckpt, capsys, monkeypatch):
-    class Recorder:  # stdout that records what has been flushed, piece by piece
-        def __init__(self):
-            self.buffer, self.flushed = "", []
-
-        def write(self, s):
-            self.buffer += s
-
-        def flush(self):
-            self.flushed.append(self.buffer)
-            self.buffer = ""
-
-    out = Recorder()
+    out = FlushRecorder()
     monkeypatch.setattr(sys, "stdout", out)
     texts = run(char_ckpt, "--start=Hi", "--num_samples=3", "--max_new_tokens=12")
     assert "".join(out.flushed) + out.buffer == "".join(f"{t}\n{sample.SEPARATOR}\n" for t in texts)
@@ -145,18 +148,7 @@ def test_a_character_cut_between_tokens_is_printed_once_whole(tmp_path, monkeypa
     monkeypatch.setattr(leviathan.GPT, "stream", lambda self, x, n, *args, **kwargs: (
         torch.tensor([[i]]) for i in new_ids))
 
-    class Recorder:  # stdout that keeps what each flush showed
-        def __init__(self):
-            self.buffer, self.flushed = "", []
-
-        def write(self, s):
-            self.buffer += s
-
-        def flush(self):
-            self.flushed.append(self.buffer)
-            self.buffer = ""
-
-    out = Recorder()
+    out = FlushRecorder()
     monkeypatch.setattr(sys, "stdout", out)
     [text] = run(tmp_path / "out", "--start=a", "--num_samples=1", "--max_new_tokens=9")
     assert text == "a" + tiny_encoding.decode(new_ids) == "ahé😀\ufffd\ufffd"
