@@ -394,7 +394,7 @@ def test_the_command_line_scores_as_eval_py_task(lm_eval, world, char_run, tmp_p
 def test_a_run_that_cannot_be_loaded_is_one_line(lm_eval, world, tmp_path):
     """The registered model, by name: a missing or bad run is refused in one line, which
     harness.py prints as its error (exit code 2)."""
-    import harness  # noqa: F401  (registers the model "leviathan")
+    from lab import harness  # noqa: F401  (registers the model "leviathan")
 
     from lab.harness_model import AdapterError
     _, _, configs, _, _ = world
