@@ -395,7 +395,6 @@ def test_a_run_that_cannot_be_loaded_is_one_line(lm_eval, world, tmp_path):
     """The registered model, by name: a missing or bad run is refused in one line, which
     harness.py prints as its error (exit code 2)."""
     from lab import harness  # noqa: F401  (registers the model "leviathan")
-
     from lab.harness_model import AdapterError
     _, _, configs, _, _ = world
     (tmp_path / "bad").mkdir()

@@ -507,7 +507,8 @@ def test_checkpoint_of_another_version_is_refused(tmp_path):
                        match=f"format {CHECKPOINT_VERSION + 1}; this code reads 2"):
         load_checkpoint(tmp_path)
     write_checkpoint(tiny_model("lev"), tmp_path / "ckpt.pt", version=1)
-    with pytest.raises(ValueError, match="format 1; this code reads 2. Commit 66d9f67 of leviathan reads"):
+    with pytest.raises(ValueError,
+                       match="format 1; this code reads 2. Commit 66d9f67 of leviathan reads"):
         load_checkpoint(tmp_path)
 
 
