@@ -10,16 +10,8 @@ import os
 import numpy as np
 
 from lab.cli import parse_json
+from prepare_data import DATASETS
 
-# The datasets prepare_data.py knows by name: where to download them, their sha256, and their
-# default tokenizer. Here, not in prepare_data.py, because prepare_command's messages name them too.
-SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
-                   "tinyshakespeare/input.txt")
-SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-KNOWN_DATASETS = {
-    "shakespeare": {"url": SHAKESPEARE_URL, "sha256": SHAKESPEARE_SHA256, "tokenizer": "gpt2"},
-    "shakespeare_char": {"url": SHAKESPEARE_URL, "sha256": SHAKESPEARE_SHA256, "tokenizer": "char"},
-}
 UINT16_VOCAB = 65536  # ids 0..65535 fit in uint16
 
 
@@ -147,7 +139,7 @@ def stream_text(tokenizer, ids):
 
 def prepare_command(name):
     """The command that prepares dataset `name`, for error messages."""
-    if name in KNOWN_DATASETS:
+    if name in DATASETS:  # prepare_data.py's named datasets
         return f"python prepare_data.py {name}"
     return f"python prepare_data.py {name} --input=path/to/text.txt"
 
