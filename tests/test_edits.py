@@ -60,7 +60,7 @@ EDITS = {
     "logit soft-cap": (set(), "return self.lm_head(x[:, -1:, :]), None",
                        "return 3 * torch.tanh(self.lm_head(x[:, -1:, :]) / 3), None"),
 }
-SCRIPTS = ["leviathan.py", "train.py", "sample.py", "lab", "kernels"]
+SCRIPTS = ["leviathan.py", "train.py", "sample.py", "prepare_data.py", "lab", "kernels"]
 
 
 def edited_copy(folder, *edits):

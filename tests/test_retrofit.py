@@ -317,8 +317,8 @@ def test_a_fit_stopped_or_failed_writes_nothing(tmp_path, char_data, source, run
 def test_the_recipe_of_docs_retrofit(tmp_path, text):
     page = (Path(ROOT) / "docs" / "retrofit.md").read_text(encoding="utf-8")
     [recipe] = [r for r in re.findall(r"```bash\n(.*?)```", page, re.S) if "lab/retrofit.py" in r]
-    copy = copy_project(tmp_path / "copy", ["leviathan.py", "train.py", "sample.py", "lab",
-                                            "kernels", "config"])
+    copy = copy_project(tmp_path / "copy", ["leviathan.py", "train.py", "sample.py",
+                                            "prepare_data.py", "lab", "kernels", "config"])
     tiny = [f for f in test_train.TINY if not f.startswith(("--device", "--log_interval"))]
     (copy / "config" / "shakespeare_cpu.py").write_text(
         "".join(f"{f[2:].split('=')[0]} = {f.split('=')[1]}\n" for f in tiny))
