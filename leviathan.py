@@ -7,7 +7,7 @@ the output head. Leviathan keeps a full, untied V x n_embd head and replaces the
 LEV (learned embedding vectorization), whose size barely depends on V.
 
 The file is the whole model, top to bottom:
-  1. LEV, the input embedding: its recipe step by step (LEV.reference is the executable spec), then
+  1. LEV, the input embedding: its recipe step by step (LEV.recipe is the executable spec), then
      the compact embeddings it competes with;
   2. the backbone: a decoder-only LLaMA-style Transformer (RMSNorm, rotary positions, SwiGLU);
   3. GPT, the model: one backbone, five input/output arms chosen by Config.embedding:
@@ -19,10 +19,10 @@ The file is the whole model, top to bottom:
        "factorized" a V x E table, then E -> n_embd, + untied head, E matching LEV's size (ALBERT)
      and generation with a KV cache.
 
-It runs as written. The scripts make two narrow functions faster (kernels/fast_paths.py): LEV's
-spline product and the loss of the V-wide head, each tested equal to the code here (float64, values
-and gradients) and checked against it when installed. Two hooks, both None here, are all this file
-shows of them: LEV.fast_embed and GPT.fast_loss.
+It runs as written. The scripts run two parts faster (kernels/): LEV (through torch.compile of its
+recipe, or hand-written kernels) and the loss of the V-wide head, each checked against the code here
+when installed. Two hooks, both None here, are all this file shows of them: LEV.fast_embed and
+GPT.fast_loss.
 """
 
 import math
@@ -126,18 +126,21 @@ def bspline_basis(t, n_knots, normalize=True):
     t: (...,) in [0, 1] -> w: (..., n_knots), with delta = |t - g_j| * (n_knots - 1):
         w = 0.75 - delta^2          for delta < 0.5
         w = 0.5 * (1.5 - delta)^2   for 0.5 <= delta < 1.5
-        w = 0                       otherwise   (so at most 3 knots are non-zero)
-    Inside [g_1/2, 1 - g_1/2] the 3 weights sum to 1. Closer to 0 or 1, one of the 3 would sit on a
+        w = 0                       otherwise: only the 3 knots nearest t, computed elementwise
+    Inside [g_1/2, 1 - g_1/2] their weights sum to 1. Closer to 0 or 1, one of the 3 would sit on a
     knot outside [0, 1], which does not exist, and the sum falls to 0.875 at t = 0 and t = 1 (g_1/2
     = 1/30 for 16 knots). normalize=True divides by the sum, so that the basis is a partition of
-    unity on all of [0, 1], as the public reference implementation of the paper does; False keeps
-    the plain basis.
+    unity on all of [0, 1], as the public reference implementation of the paper does.
     """
-    knots = torch.linspace(0, 1, n_knots, device=t.device, dtype=t.dtype)
-    delta = (t.unsqueeze(-1) - knots).abs() * (n_knots - 1)  # (..., n_knots)
+    s = t * (n_knots - 1)  # t in units of the knot spacing
+    nearest = s.round().unsqueeze(-1) + torch.tensor([-1.0, 0.0, 1.0], device=t.device)
+    delta = (s.unsqueeze(-1) - nearest).abs()  # (..., 3), each in [0, 1.5]
     w = torch.where(delta < 0.5, 0.75 - delta ** 2,
                     torch.where(delta < 1.5, 0.5 * (1.5 - delta) ** 2, 0.0))
-    return w / w.sum(-1, keepdim=True) if normalize else w
+    w = torch.where((nearest >= 0) & (nearest < n_knots), w, 0.0)  # knots -1 and n_knots
+    w = w / w.sum(-1, keepdim=True) if normalize else w
+    knot = nearest.clamp(0, n_knots - 1).long()  # added, not written: a missing knot adds 0
+    return torch.zeros(*t.shape, n_knots, dtype=t.dtype, device=t.device).scatter_add(-1, knot, w)
 
 
 def signed_log_product(phi, dim):
@@ -156,10 +159,9 @@ def check_ids(lo, hi, vocab_size):
                              f"was the data tokenized with another tokenizer than this model's?")
 
 
-# The recipe embeds this many distinct ids at a time. In training each chunk is recomputed in
-# backward, so autograd holds one chunk's spline values (h * d_seed * r = 65,536 numbers per id at
-# the paper's sizes), not the batch's: a CPU-config batch has ~800 distinct ids.
-RECIPE_CHUNK = 128
+# Distinct ids embedded together; each chunk is recomputed in backward, so autograd holds one
+# chunk's spline values (65,536 per id at the paper's sizes), not a batch's (CPU config: ~800).
+RECIPE_CHUNK = 64
 
 
 class DigitCodebooks(nn.Module):
@@ -231,16 +233,19 @@ class LEV(DigitCodebooks):
         N, h, r = M.shape
         return M.reshape(N, h * r) @ self.out_proj.reshape(h * r, self.n_embd)
 
-    def reference(self, idx):
-        """The recipe, with every intermediate materialised: idx (...) -> (..., n_embd)."""
-        check_ids(*torch.aminmax(idx), self.vocab_size)
-        flat = idx.reshape(-1)
-        t = self.unit_coords(self.seed(flat))  # (N, h, d_seed)
+    def recipe(self, ids):
+        """The recipe with every intermediate materialised: ids (N,) -> E (N, n_embd). No Python
+        decides on values, so that torch.compile makes it one graph (kernels/compiled_lev.py)."""
+        t = self.unit_coords(self.seed(ids))  # (N, h, d_seed)
         w = bspline_basis(t, self.n_knots, self.normalize_basis)  # (N, h, d_seed, kappa)
         phi = torch.einsum("nhdj,hdjr->nhdr", w, self.spline)  # (N, h, d_seed, r)
         sign, log_abs = signed_log_product(phi, dim=2)  # (N, h, r)
-        E = self.mix_heads(sign * log_abs.exp())
-        return E.view(*idx.shape, self.n_embd)
+        return self.mix_heads(sign * log_abs.exp())
+
+    def reference(self, idx):
+        """The recipe on a whole batch at once: idx (...) -> (..., n_embd)."""
+        check_ids(*torch.aminmax(idx), self.vocab_size)
+        return self.recipe(idx.reshape(-1)).view(*idx.shape, self.n_embd)
 
     # Kept out of a model-wide torch.compile: the number of distinct ids changes from batch to
     # batch, and each new count would recompile the graph.
@@ -256,16 +261,19 @@ class LEV(DigitCodebooks):
         return F.embedding(inverse, emb).view(*idx.shape, self.n_embd)  # as in seed: deterministic
 
     def embed_distinct(self, ids):
-        """ids: (U,) distinct -> (U, n_embd), the recipe RECIPE_CHUNK ids at a time."""
+        """ids: (U,) distinct -> (U, n_embd), by a run's fast path, else by the recipe."""
         # fp32 even under autocast: log|M| grows well past fp16's range of exp (it overflows at
         # exp(11.1))
         with torch.autocast(ids.device.type, enabled=False):
             if self.fast_embed is not None:  # a run's fast path: the same function, faster
                 return self.fast_embed(self, ids)
-            if not torch.is_grad_enabled():
-                return torch.cat([self.reference(c) for c in ids.split(RECIPE_CHUNK)])
-            return torch.cat([checkpoint(self.reference, c, use_reentrant=False)
-                              for c in ids.split(RECIPE_CHUNK)])
+            return self.in_chunks(self.recipe, ids)
+
+    def in_chunks(self, recipe, ids):
+        """recipe (self.recipe, or it compiled) on ids RECIPE_CHUNK at a time -> (U, n_embd), each
+        chunk recomputed in backward."""
+        chunks = ids.split(RECIPE_CHUNK)
+        return torch.cat([checkpoint(recipe, c, use_reentrant=False) for c in chunks])
 
     @torch.no_grad()
     def table(self):
@@ -597,8 +605,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None):
 
 
 if __name__ == "__main__":
-    # python leviathan.py: the parameter table of the five arms at two sizes (built on the meta
-    # device: no memory)
+    # python leviathan.py: the parameter table of the five arms at two sizes (on the meta device)
     sizes = {"Tiny Shakespeare CPU config (V=50,257, 4 x 4 x 128)":
              dict(vocab_size=50257, n_layer=4, n_head=4, n_embd=128, block_size=128),
              "paper's 1.2B-like width (V=200,376, 16 x 16 x 2048)":

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from kernels.compiled_lev import CompiledRecipe
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
 from leviathan import EMBEDDINGS, GPT, Config
@@ -67,9 +68,10 @@ SETTINGS = {
     # the fast paths (kernels/): settings of the run, which change speed and memory, not results
     "lev_chunk": (64, "LEV's torch kernels: ids computed together (64 suits a CPU)", at_least(1)),
     "lev_c_kernels": (True, "LEV on CPU: the spline product in C (kernels/lev_kernels.c)"),
-    "lev_compile": (True, "LEV: torch.compile its torch kernels, where the C ones do not run"),
+    "lev_compile": (True, "LEV: torch.compile its torch kernels where the C ones do not run, and "
+                    "its recipe where the fast path is off or steps aside (an edit)"),
     "lean_head": (True, "the loss from the memory-lean head, which never holds all the logits"),
-    "lev_fast": (True, "LEV's fast path; False: LEV as leviathan.py writes it, slower"),
+    "lev_fast": (True, "LEV's fast path; False: LEV as leviathan.py writes it (see lev_compile)"),
     # optimization
     "batch_size": (64, "sequences per micro-step, per process", at_least(1)),
     "gradient_accumulation_steps": (1, "micro-steps per step, all processes together", at_least(1)),
@@ -205,10 +207,9 @@ def resolve(s, explicit):
     """The run's settings -> (settings, the checkpoint it resumes or fine-tunes or None, its path).
     A resume takes its checkpoint's run settings that no file or flag gives; resume and fine-tune
     take its model, which a flag may repeat, not change (a fine-tune's dropout aside)."""
-    for key in ("lev_c_kernels", "lev_compile"):  # refused rather than silently ignored
-        if key in explicit and not s["lev_fast"]:
-            raise ValueError(f"{key}={s[key]} is a setting of LEV's fast path, and lev_fast=False "
-                             f"runs none; drop --{key}")
+    if "lev_c_kernels" in explicit and not s["lev_fast"]:  # refused rather than silently ignored
+        raise ValueError(f"lev_c_kernels={s['lev_c_kernels']} is a setting of LEV's fast path, and "
+                         f"lev_fast=False runs none; drop --lev_c_kernels")
     resuming, ckpt, path = s["init_from"] == "resume", None, None
     if not resuming and 0 < s["lr_decay_iters"] < s["warmup_iters"]:
         raise ValueError(f"warmup_iters={s['warmup_iters']} must not exceed lr_decay_iters="
@@ -501,10 +502,13 @@ def train(s, explicit):
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
     model.to(device)
-    # the fast paths, each checked against leviathan.py as it stands (an edited model runs as
-    # written where they differ, said in one line)
-    lev = s["lev_fast"] and FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"])
-    install_fast_paths(model, lev=lev or None, lean_head=s["lean_head"],
+    # the fast paths, each checked against leviathan.py as it stands: where LEV's differs (an
+    # edit), LEV's recipe runs compiled, else as written, each step aside said in one line
+    fast = FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"])
+    lev = [fast] if s["lev_fast"] else []
+    if s["lev_compile"]:
+        lev.append(CompiledRecipe())
+    install_fast_paths(model, lev=lev, lean_head=s["lean_head"],
                        say=lambda line: log(line, file=sys.stderr, flush=True))
     optimizer = make_optimizer(model, s, device.type)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")

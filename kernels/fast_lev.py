@@ -25,6 +25,8 @@ class FastEmbedder:
     c_kernels (on CPU, lev_kernels.c where a C compiler built it), else torch's kernels, `chunk` ids
     at a time (64 suits a CPU's caches), in training through torch.compile if compile_kernels."""
 
+    name = "LEV's fast path (kernels/fast_lev.py)"
+
     def __init__(self, chunk=64, c_kernels=True, compile_kernels=True):
         self.chunk, self.c_kernels, self.compile_kernels = chunk, c_kernels, compile_kernels
         self.padded_key, self.padded_of, self.S_padded = None, None, None

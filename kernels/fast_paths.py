@@ -38,40 +38,53 @@ say_on_stderr = functools.partial(print, file=sys.stderr, flush=True)
 
 
 def install_fast_paths(model, lev=None, lean_head=False, check=True, say=say_on_stderr):
-    """Set the model's fast paths (each call sets both): lev, a FastEmbedder (fast_lev.py) or None
-    for LEV's recipe as written (lev arm only); lean_head, the loss from lean_head.py. check: check
-    each against the model's own code, on its device: install where it runs, weights loaded."""
-    if model.config.embedding == "lev":
-        model.tok_emb.fast_embed = lev
+    """Set the model's fast paths (each call sets both): lev, LEV's fast path (lev arm only): a
+    FastEmbedder (fast_lev.py), a CompiledRecipe (compiled_lev.py), a list of them tried in turn
+    (the first that passes its check stays), or None for LEV's recipe as written; lean_head, the
+    loss from lean_head.py. check: check each against the model's own code, on its device: install
+    where it runs, weights loaded."""
+    candidates = list(lev) if isinstance(lev, (list, tuple)) else [lev] if lev else []
     model.fast_loss = None
     if lean_head:
         from kernels.lean_head import lean_loss  # here: sampling never imports the lean head
 
         model.fast_loss = lean_loss
+    if model.config.embedding == "lev":
+        model.tok_emb.fast_embed = candidates.pop(0) if candidates else None
     if check:
-        check_fast_paths(model, say)
+        check_fast_paths(model, say, then=candidates)
     return model
 
 
-def check_fast_paths(model, say=say_on_stderr):
-    """Check every fast path installed on model; remove those that differ, with one line each.
-    -> {part: relative difference, or the probe's error}."""
+def check_fast_paths(model, say=say_on_stderr, then=()):
+    """Check every fast path installed on model; remove those that differ, with one line each
+    (then: LEV's fast paths tried in turn where its own steps aside). -> {part: the relative
+    difference, or the probe's error}."""
     found = {}
     if getattr(model.tok_emb, "fast_embed", None) is not None:
-        found["lev"] = check_lev(model.tok_emb, say)
+        found["lev"] = check_lev(model.tok_emb, say, then)
     if model.fast_loss is not None:
         found["loss"] = check(model, "fast_loss", "loss", loss_outputs, say)
     return found
 
 
-def check_lev(lev, say=say_on_stderr):
-    """check_fast_paths for a LEV module alone (its fast_embed)."""
-    return check(lev, "fast_embed", "lev", lev_outputs, say)
+def check_lev(lev, say=say_on_stderr, then=()):
+    """check_fast_paths for a LEV module alone (its fast_embed, then each of then in turn where it
+    steps aside, named in its line) -> the last one's difference."""
+    then = list(then)
+    while True:
+        name = getattr(lev.fast_embed, "name", PARTS["lev"][0])
+        runs = f"{then[0].name} takes its place" if then else None
+        found = check(lev, "fast_embed", "lev", lev_outputs, say, name, runs)
+        if lev.fast_embed is not None or not then:
+            return found
+        lev.fast_embed = then.pop(0)
 
 
-def check(owner, hook, part, outputs, say):
+def check(owner, hook, part, outputs, say, fast_name=None, runs=None):
     """outputs(owner) with owner.<hook> and with it None, from the same random state; the hook is
-    removed, with a line, unless their largest relative difference is within TOLERANCE."""
+    removed, with a line (fast_name: what it was, runs: what runs instead), unless their largest
+    relative difference is within TOLERANCE."""
     fast_hook, results = getattr(owner, hook), []
     try:
         with exact_arithmetic(owner):
@@ -91,14 +104,14 @@ def check(owner, hook, part, outputs, say):
     tol = TOLERANCE.get(next(owner.parameters()).dtype, TOLERANCE[torch.float32])
     if isinstance(found, Exception) or not found <= tol:
         setattr(owner, hook, None)
-        fast_name, plain_name, runs = PARTS[part]
+        default_name, plain_name, as_written = PARTS[part]
+        fast_name, runs = fast_name or default_name, runs or f"{as_written} runs as written, slower"
         if isinstance(found, Exception):
             detail = (str(found).strip().splitlines() or [""])[0][:150]
             what = f"could not be checked against {plain_name} ({type(found).__name__}: {detail})"
         else:
             what = f"differs from {plain_name} by {found:.1e} (relative; float noise < {tol:.0e})"
-        say(f"note: {fast_name} {what}; it is off, and {runs} runs as written, slower "
-            f"(docs/model.md: Editing the recipe)")
+        say(f"note: {fast_name} {what}; it is off, and {runs} (docs/model.md: Editing the recipe)")
     return found
 
 

@@ -11,7 +11,9 @@ Three tables:
      implementation counted the same way), peak memory, ratio to tied. The arms are timed in the
      same process, interleaved step by step in rounds whose order rotates, and the ratio to tied is
      the median over rounds of the arm's step over tied's in the same round: machine noise hits both
-     sides of a ratio alike.
+     sides of a ratio alike. Beside lev, its recipe as leviathan.py writes it, compiled (what runs
+     after an edit of LEV), and with --lev_recipe=PATH that of another copy of leviathan.py, with
+     their ratio to lev's step and the time it took to compile them.
   2. LEV alone against nn.Embedding for N ids, forward + backward: the plain recipe (LEV.reference),
      the fast path with its C kernels (CPU: what training uses there), its torch kernels compiled
      and eager, and the one-off cost of materialising the whole V x n_embd table.
@@ -26,6 +28,7 @@ stand-in, said so.
 
 import argparse
 import copy
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -39,13 +42,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
 
+import leviathan
+from kernels.compiled_lev import CompiledRecipe
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import check_lev, install_fast_paths
 from lab import cli
 from lab.cli import atomic_path
 from lab.dataset import load_meta, load_split
 from lab.devices import resolve_device
-from leviathan import EMBEDDINGS, GPT, LEV, Config
+from leviathan import EMBEDDINGS, LEV, Config
 from train import make_optimizer
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
@@ -79,7 +84,11 @@ def make_parser():
                         "--no-lev_c_kernels: torch's kernels); table 2 times all three")
     p.add_argument("--lev_compile", action=argparse.BooleanOptionalAction, default=True,
                    help="table 1, where the C kernels do not run: torch.compile LEV's torch "
-                        "kernels (--no-lev_compile: eager)")
+                        "kernels, and the row 'lev, recipe compiled' (--no-lev_compile: eager, "
+                        "'lev, recipe as written')")
+    p.add_argument("--lev_recipe", default=None, metavar="PATH/leviathan.py",
+                   help="table 1: also time the lev arm of another copy of leviathan.py (one you "
+                        "edited, say) with its recipe, beside this one's")
     p.add_argument("--steps", type=int, default=10,
                    help="timed training steps per arm (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first")
@@ -126,6 +135,9 @@ def parse_args(argv=None):
         args.device = resolve_device(args.device)
         if args.json is not None:
             cli.check_output_file(args.json, "--json")
+        if args.lev_recipe is not None and not os.path.isfile(args.lev_recipe):
+            raise ValueError(f"--lev_recipe={args.lev_recipe}: no such file; give the path of a "
+                             f"copy of leviathan.py")
         batch_source(args)  # the data can serve the batches
     except (ValueError, OSError) as e:
         p.error(str(e).removeprefix("Config: "))
@@ -194,23 +206,46 @@ def batch_source(args):
     return vocab_size, get_batch, what
 
 
-def install(model, args, head="lean"):
-    """The fast paths of table 1's arms, as train.py installs them."""
-    lev = FastEmbedder(args.lev_chunk, args.lev_c_kernels, args.lev_compile)
+def install(model, args, head="lean", lev="fast"):
+    """The fast paths of table 1's arms: as train.py installs them (lev="fast"), or with LEV's
+    recipe compiled (lev="recipe", where an edit would put it)."""
+    fast = [FastEmbedder(args.lev_chunk, args.lev_c_kernels, args.lev_compile)]
+    recipe = [CompiledRecipe()] if args.lev_compile else []
+    lev = fast + recipe if lev == "fast" else recipe
     return install_fast_paths(model, lev=lev, lean_head=head == "lean")
 
 
-def new_model(arm, vocab_size, args):
+def new_model(arm, vocab_size, args, model_file=None):
+    """A model of leviathan.py, or of the copy of it at model_file."""
+    module = leviathan
+    if model_file is not None:
+        spec = importlib.util.spec_from_file_location("leviathan_copy", model_file)
+        module = sys.modules["leviathan_copy"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # (registered: torch.compile looks its code up by name)
     torch.manual_seed(args.seed)
-    config = Config(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
-                    n_head=args.n_head, n_embd=args.n_embd, embedding=arm)
-    return GPT(config).to(args.device)
+    config = module.Config(vocab_size=vocab_size, block_size=args.block_size,
+                           n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                           embedding=arm)
+    return module.GPT(config).to(args.device)
 
 
-def build(arm, vocab_size, args, head="lean"):
-    """A model with train.py's fast paths, and its optimizer."""
-    model = new_model(arm, vocab_size, args)
-    install(model, args, head)
+def train_variants(args):
+    """Table 1's rows: name -> (arm, head, LEV's fast path as install() takes it, model file)."""
+    rows = {arm if head == "lean" else f"{arm} (full head)": (arm, head, "fast", None)
+            for arm in args.arms for head in args.heads}
+    if "lev" in args.arms and "lean" in args.heads:  # where an edit of LEV puts it
+        how = "compiled" if args.lev_compile else "as written"
+        rows[f"lev, recipe {how}"] = ("lev", "lean", "recipe", None)
+        if args.lev_recipe:
+            rows[f"lev of {args.lev_recipe}, recipe {how}"] = ("lev", "lean", "recipe",
+                                                               args.lev_recipe)
+    return rows
+
+
+def build(arm, vocab_size, args, head="lean", lev="fast", model_file=None):
+    """A model with train.py's fast paths (or LEV's recipe compiled), and its optimizer."""
+    model = new_model(arm, vocab_size, args, model_file)
+    install(model, args, head, lev)
     settings = {"weight_decay": 0.1, "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95}
     optimizer = make_optimizer(model, settings, args.device)
     return model, optimizer
@@ -257,13 +292,13 @@ def model_flops_per_token(model, distinct_per_token):
     return flops
 
 
-def peak_memory_child(arm, head, args, queue):
+def peak_memory_child(variant, args, queue):
     """In a fresh process, this arm alone: two training steps, then the peak memory in MiB (CUDA:
     the most allocated; CPU: peak resident memory, VmHWM, as ru_maxrss would carry the parent's peak
     across exec)."""
     torch.set_num_threads(1)
     vocab_size, get_batch, _ = batch_source(args)
-    model, optimizer = build(arm, vocab_size, args, head)
+    model, optimizer = build(variant[0], vocab_size, args, *variant[1:])
     gen = torch.Generator().manual_seed(args.seed)
     for _ in range(2):
         train_step(model, optimizer, *get_batch(gen), args)
@@ -278,14 +313,14 @@ def peak_memory_child(arm, head, args, queue):
         queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def peak_memory_mib(arm, head, args):
+def peak_memory_mib(variant, args):
     """Peak memory of a training step of one arm, measured in a fresh process so that arms do not
     mix."""
     if args.device not in ("cpu", "cuda"):
         return float("nan")
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    child = ctx.Process(target=peak_memory_child, args=(arm, head, args, queue))
+    child = ctx.Process(target=peak_memory_child, args=(variant, args, queue))
     child.start()
     peak = queue.get()
     child.join()
@@ -313,10 +348,11 @@ def lev_kernels(args):
 
 def time_steps(steppers, get_batch, args):
     """Rounds of one training step of each variant on the same batch, the order rotating from round
-    to round -> ({variant: seconds of each step after the warmup}, distinct ids of each batch)."""
+    to round -> ({variant: seconds of each step after the warmup}, distinct ids of each batch,
+    {variant: seconds of its first step})."""
     gen = torch.Generator().manual_seed(args.seed)
     times = {key: [] for key in steppers}
-    distinct = []
+    first, distinct = {}, []
     keys = list(steppers)
     for i in range(args.warmup + args.steps):
         x, y = get_batch(gen)  # every arm gets the same batch
@@ -326,7 +362,8 @@ def time_steps(steppers, get_batch, args):
             t = timed(args.device, train_step, model, opt, x, y, args)
             if i >= args.warmup:
                 times[arm].append(t)
-    return times, distinct
+            first.setdefault(arm, t)
+    return times, distinct, first
 
 
 def train_table(args, results):
@@ -337,20 +374,22 @@ def train_table(args, results):
           f"{' compiled' if args.compile else ''}, LEV kernels {lev_kernels(args)}"
           f"\nbatches: {what}")
     # each arm with each head: "tied" (the lean head, what train.py uses), "tied (full head)", ...
-    variants = {arm if head == "lean" else f"{arm} (full head)": (arm, head)
-                for arm in args.arms for head in args.heads}
-    models = {key: build(arm, vocab_size, args, head)  # (model, optimizer)
-              for key, (arm, head) in variants.items()}
+    variants = train_variants(args)
+    models, built_in = {}, {}
+    for key, (arm, *rest) in variants.items():
+        start = time.perf_counter()
+        models[key] = build(arm, vocab_size, args, *rest)  # (model, optimizer)
+        built_in[key] = time.perf_counter() - start  # with the fast paths' check (and compiling)
     steppers = {key: (torch.compile(m) if args.compile else m, opt)
                 for key, (m, opt) in models.items()}
-    times, distinct = time_steps(steppers, get_batch, args)
+    times, distinct, first = time_steps(steppers, get_batch, args)
     tokens = args.batch_size * args.block_size
     print(f"distinct ids per batch: {statistics.median(distinct):.0f} of {tokens}\n")
     print("| arm | params (input / backbone / head) | ms/step | tokens/s | MFLOP/token | GFLOP/s "
           "| peak memory (MiB) | vs tied, same head |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     rows = {}
-    for key, (arm, head) in variants.items():
+    for key, (_, head, *_) in variants.items():
         ms = statistics.median(times[key]) * 1000
         tied = "tied" if head == "lean" else "tied (full head)"
         # paired: the median over rounds of this arm's step over tied's in the same round, so that a
@@ -359,7 +398,7 @@ def train_table(args, results):
             ratio = statistics.median(a / b for a, b in zip(times[key], times[tied], strict=True))
         else:
             ratio = float("nan")
-        mem = peak_memory_mib(arm, head, args)
+        mem = peak_memory_mib(variants[key], args)
         rep = models[key][0].param_report()
         flops = model_flops_per_token(models[key][0], statistics.median(distinct) / tokens)
         rows[key] = {"params": rep, "head": head, "ms_per_step": ms, "peak_memory_mib": mem,
@@ -375,6 +414,12 @@ def train_table(args, results):
             row["backbone_mfu"] = flops * row["tokens_per_s"] / peak
             print(f"{arm}: backbone MFU {row['backbone_mfu']:.1%} (of 989 TFLOP/s bf16)")
     results["train"] = rows
+    for key in (k for k in rows if k.startswith("lev") and ", recipe " in k):
+        ratio = statistics.median(a / b for a, b in zip(times[key], times["lev"], strict=True))
+        rows[key]["over_lev"] = ratio
+        print(f"{key}: {ratio:.3f} x lev's step (paired rounds); built and checked in "
+              f"{built_in[key]:.1f} s (compiling, where compiled), its first step "
+              f"{first[key]:.1f} s")
     if "lev" in rows and "tied" in rows:
         results["lev_over_tied"] = rows["lev"]["over_tied"]
 

@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
 
+from kernels.compiled_lev import CompiledRecipe
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
 from lab import cli, devices, tasks
@@ -297,8 +298,9 @@ def load_runs(dirs, device, plain=False, dataset=None):
             model, ckpt = load_checkpoint(d, device)
         except (FileNotFoundError, ValueError) as e:
             fail(str(e))
-        # eval.py's run settings: LEV's fast path (unless --plain) and the plain head
-        install_fast_paths(model, lev=None if plain else FastEmbedder())
+        # eval.py's run settings: LEV's fast path, or its recipe compiled where an edit sets the
+        # kernels aside (unless --plain), and the plain head
+        install_fast_paths(model, lev=None if plain else [FastEmbedder(), CompiledRecipe()])
         ckpt.pop("optimizer", None)  # the largest part, unused here
         arms.append((d, model, ckpt))
     try:

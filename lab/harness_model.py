@@ -33,6 +33,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from kernels.compiled_lev import CompiledRecipe
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
 from lab import cli, dataset, devices, tasks
@@ -152,9 +153,10 @@ class LeviathanLM(LM):
                 "dtype": self.dtype, "plain": self.plain}
 
     def scoring(self):
-        """eval.py's and sample.py's run settings (LEV's fast path unless plain, the plain head),
-        under autocast."""
-        install_fast_paths(self.model, lev=None if self.plain else FastEmbedder())
+        """eval.py's run settings (LEV's fast path, or its recipe compiled, unless plain; the plain
+        head), under autocast."""
+        lev = None if self.plain else [FastEmbedder(), CompiledRecipe()]
+        install_fast_paths(self.model, lev=lev)
         return devices.autocast(self._device.type, self.dtype)
 
     # ----------------------------------------------------------------------------------------------

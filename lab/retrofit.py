@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
 
+from kernels.compiled_lev import CompiledRecipe
 from kernels.fast_lev import FastEmbedder
 from kernels.fast_paths import install_fast_paths
 from lab import checkpoints, cli, dataset, devices
@@ -319,7 +320,7 @@ def retrofitted(args):
     torch.manual_seed(args.seed)  # LEV's initialisation, as train.py's of a new model
     model = GPT(config)
     table = transplant(model, source["model"])
-    install_fast_paths(model.to(device), lev=FastEmbedder())
+    install_fast_paths(model.to(device), lev=[FastEmbedder(), CompiledRecipe()])  # as train.py
     figures = retrofit(model.tok_emb, table, train_tokens, args.fit_steps, args.fit_lr,
                        args.fit_batch, args.fit_loss, args.fit_weights, args.log_interval,
                        args.seed)

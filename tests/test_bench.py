@@ -5,9 +5,10 @@ the figures exist and are sane. Run:  python -m pytest -q tests/test_bench.py
 
 import json
 import math
+import os
 
 import pytest
-from conftest import lev_param_count
+from conftest import ROOT, lev_param_count
 
 from kernels.c_kernels import c_library
 from lab import bench
@@ -28,8 +29,9 @@ def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
         assert heading in out
     figures = json.loads((tmp_path / "figures.json").read_text())
     train = figures["train"]
-    assert set(train) == {"tied", "untied", "lev",
+    assert set(train) == {"tied", "untied", "lev", "lev, recipe compiled",
                           "tied (full head)", "untied (full head)", "lev (full head)"}
+    assert train["lev, recipe compiled"]["over_lev"] > 0  # what runs after an edit of LEV
     # each head against its tied
     assert train["tied"]["over_tied"] == train["tied (full head)"]["over_tied"] == 1.0
     assert (figures["lev_over_tied"] == train["lev"]["over_tied"] > 0
@@ -57,17 +59,24 @@ def test_all_tables_and_json(run_cli, tmp_path, monkeypatch):
 
 def test_one_arm_one_table_without_lev_compile(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    model = open(os.path.join(ROOT, "leviathan.py"), encoding="utf-8").read()
+    (tmp_path / "edited.py").write_text(model.replace("0.75 - delta ** 2", "0.7 - delta ** 2"),
+                                        encoding="utf-8")
     code, out, err = run_cli(bench.main, TOY + ["--tables=train", "--embedding=lev",
-                                                "--no-lev_c_kernels", "--no-lev_compile"])
+                                                "--no-lev_c_kernels", "--no-lev_compile",
+                                                "--lev_recipe=edited.py"])
     assert code == 0, err
     assert "LEV kernels torch, eager" in out and "| lev |" in out and "| tied |" not in out
     assert "lev_over_tied" not in out and "## LEV alone" not in out
+    assert "| lev, recipe as written |" in out and "| lev of edited.py, recipe as written |" in out
+    assert "lev of edited.py, recipe as written: " in out and " x lev's step" in out
 
 
 @pytest.mark.parametrize("flag, message", [
     ("--embedding=lev,big", "unknown arm(s) big"),
     ("--tables=train,speed", "--tables=speed,train: choose among train, lev, gen"),
     ("--device=tpu", "invalid choice"),
+    ("--lev_recipe=nowhere/leviathan.py", "--lev_recipe=nowhere/leviathan.py: no such file"),
 ])
 def test_bad_flags_fail_with_a_message(run_cli, flag, message):
     code, out, err = run_cli(bench.main, [flag])

@@ -1,5 +1,6 @@
-"""LEV's kernels through torch.compile: the compiled kernels equal the eager ones (and so the plain
-recipe), and a failure to compile falls back to eager with one warning.
+"""LEV through torch.compile: its compiled torch kernels equal the eager ones (and so the plain
+recipe), a failure to compile falls back to eager with one warning, and LEV's recipe compiled
+(kernels/compiled_lev.py) equals LEV.reference and takes over where an edit sets the kernels aside.
 
 The rest of the suite runs with torch.compile's stance "force_eager" (conftest.py); these tests
 switch back to the default stance, through the same public API (no library internals are patched).
@@ -17,9 +18,15 @@ import torch
 from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import random_ids, tiny_lev, tiny_model  # noqa: E402
+from test_fast_lev import assert_same_values_and_grads  # noqa: E402
+from test_fast_lev import values_and_grads as weighted_values_and_grads  # noqa: E402
+
 import leviathan  # noqa: E402
 from kernels import fast_lev  # noqa: E402
+from kernels.compiled_lev import CompiledRecipe  # noqa: E402
 from kernels.fast_lev import FastEmbedder  # noqa: E402
+from kernels.fast_paths import install_fast_paths  # noqa: E402
 from leviathan import LEV, Config  # noqa: E402
 
 # inductor's CPU backend compiles C++; without a compiler LEV warns and runs eagerly (tested below
@@ -166,3 +173,45 @@ def test_compiled_decoding_gives_the_eager_tokens(arm):
     assert counters["stats"]["unique_graphs"] <= 24
     if arm == "tied":
         assert counters["stats"]["unique_graphs"] == graphs
+
+
+# --------------------------------------------------------------------------------------------------
+# LEV's recipe compiled
+
+
+@needs_compiler
+def test_compiled_recipe_equals_reference_with_one_graph():
+    lev = tiny_lev(kernels=None)
+    with torch.no_grad():  # coordinates at both ends of [0, 1], and negative factors
+        lev.ln_weight.mul_(8)
+        lev.spline[:, 0].neg_()
+    lev.fast_embed = CompiledRecipe()
+    for seed, size in [(1, 20), (3, 7)]:  # 35 and 7 distinct ids: each padded to one chunk shape
+        idx = random_ids(size, 4, seed=seed)
+        weight = torch.randn(size, 4, lev.n_embd, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(seed))
+        assert_same_values_and_grads(weighted_values_and_grads(lev, lev, idx, weight),
+                                     weighted_values_and_grads(lev, lev.reference, idx, weight),
+                                     rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # inference: the recipe eager (one new id per decoding step)
+        torch.testing.assert_close(lev(idx), lev.reference(idx), rtol=1e-10, atol=1e-12)
+    assert counters["stats"]["unique_graphs"] == 1  # through LEV.forward, kept out of compiling
+
+
+@needs_compiler
+def test_an_edited_recipe_runs_compiled_after_the_fast_path_steps_aside():
+    """The hand-written kernels no longer match an edited recipe: they step aside, with one line,
+    and the compiled recipe, which follows the edit, takes over (train.py's order)."""
+    class Edited(LEV):
+        def recipe(self, ids):
+            return 1.5 * super().recipe(ids)  # an edit the kernels do not know
+
+    model = tiny_model("lev")
+    model.tok_emb.__class__ = Edited
+    lines = []
+    fast = FastEmbedder(c_kernels=False, compile_kernels=False)  # (C kernels: the same lines)
+    install_fast_paths(model, lev=[fast, CompiledRecipe()], say=lines.append)
+    assert isinstance(model.tok_emb.fast_embed, CompiledRecipe)
+    assert counters["stats"]["unique_graphs"] == 1  # the edited recipe, compiled by its check
+    assert len(lines) == 1 and "LEV's fast path (kernels/fast_lev.py) differs" in lines[0]
+    assert "LEV's recipe compiled (kernels/compiled_lev.py) takes its place" in lines[0]

@@ -313,6 +313,27 @@ def test_sample_next_a_top_p_below_float32_keeps_the_likeliest():
 # LEV as written: its basis, an empty batch
 
 
+@pytest.mark.parametrize("n_knots", [16, 8, 3, 2])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_basis_from_its_3_nearest_knots_equals_the_basis_over_every_knot(n_knots, normalize):
+    """bspline_basis computes the 3 knots nearest t; its docstring's formula over all n_knots
+    knots, written out here, gives the same values and gradients (float64, to 1e-12), at the ends,
+    on knots, halfway between them and between."""
+    t = torch.cat([torch.tensor([0.0, 1.0]), torch.linspace(0, 1, 2 * n_knots - 1),
+                   torch.rand(500, generator=torch.Generator().manual_seed(0))]).double()
+    t1, t2 = t.clone().requires_grad_(), t.clone().requires_grad_()
+    delta = (t1.unsqueeze(-1) - torch.linspace(0, 1, n_knots, dtype=t.dtype)).abs() * (n_knots - 1)
+    every = torch.where(delta < 0.5, 0.75 - delta ** 2,
+                        torch.where(delta < 1.5, 0.5 * (1.5 - delta) ** 2, 0.0))
+    every = every / every.sum(-1, keepdim=True) if normalize else every
+    nearest = bspline_basis(t2, n_knots, normalize)
+    torch.testing.assert_close(nearest, every, rtol=0, atol=1e-12)
+    weight = torch.randn(every.shape, generator=torch.Generator().manual_seed(1)).double()
+    (every * weight).sum().backward()
+    (nearest * weight).sum().backward()
+    torch.testing.assert_close(t2.grad, t1.grad, rtol=0, atol=1e-12)
+
+
 def test_normalised_basis_is_a_partition_of_unity_and_plain_inside():
     """The plain basis sums to 1 only inside [1/30, 29/30] (16 knots): 0.875 at t = 0 and 1.
     Normalised, it sums to 1 everywhere, and equals the plain basis inside."""

@@ -291,9 +291,9 @@ def test_plain_runs_the_model_as_written_and_samples_the_same(tmp_path, embeddin
     assert f"fast_paths={with_fast_paths}" in capsys.readouterr().err
     calls = []
     if embedding == "lev":  # LEV's fast path is not called
-        reference = leviathan.LEV.reference
-        monkeypatch.setattr(leviathan.LEV, "reference",
-                            lambda self, idx: calls.append(1) or reference(self, idx))
+        recipe = leviathan.LEV.recipe
+        monkeypatch.setattr(leviathan.LEV, "recipe",
+                            lambda self, ids: calls.append(1) or recipe(self, ids))
     assert run(tmp_path / "out", *flags, "--plain") == fast
     assert bool(calls) == (embedding == "lev")  # the recipe as written computed LEV
     err = capsys.readouterr().err
