@@ -130,10 +130,10 @@ def bspline_basis(t, n_knots, normalize=True):
     Inside [g_1/2, 1 - g_1/2] their weights sum to 1. Closer to 0 or 1, one of the 3 would sit on a
     knot outside [0, 1], which does not exist, and the sum falls to 0.875 at t = 0 and t = 1 (g_1/2
     = 1/30 for 16 knots). normalize=True divides by the sum, so that the basis is a partition of
-    unity on all of [0, 1], as the public reference implementation of the paper does.
+    unity on all of [0, 1], as the public reference implementation of the paper does; False not.
     """
     s = t * (n_knots - 1)  # t in units of the knot spacing
-    nearest = s.round().unsqueeze(-1) + torch.tensor([-1.0, 0.0, 1.0], device=t.device)
+    nearest = s.round().unsqueeze(-1) + torch.arange(-1, 2, device=t.device, dtype=t.dtype)
     delta = (s.unsqueeze(-1) - nearest).abs()  # (..., 3), each in [0, 1.5]
     w = torch.where(delta < 0.5, 0.75 - delta ** 2,
                     torch.where(delta < 1.5, 0.5 * (1.5 - delta) ** 2, 0.0))
@@ -157,11 +157,6 @@ def check_ids(lo, hi, vocab_size):
         if not 0 <= i < vocab_size:
             raise ValueError(f"token id {i} is outside the vocabulary [0, {vocab_size}); "
                              f"was the data tokenized with another tokenizer than this model's?")
-
-
-# Distinct ids embedded together; each chunk is recomputed in backward, so autograd holds one
-# chunk's spline values (65,536 per id at the paper's sizes), not a batch's (CPU config: ~800).
-RECIPE_CHUNK = 64
 
 
 class DigitCodebooks(nn.Module):
@@ -204,6 +199,10 @@ class LEV(DigitCodebooks):
     200,376 and n_embd = 2048 with the paper's k=3, d_seed=128, h=8, kappa=16, r=64.
     """
 
+    # distinct ids embedded together; each chunk is recomputed in backward, so autograd holds one
+    # chunk's spline values (65,536 per id at the paper's sizes), not a batch's (CPU config: ~800)
+    recipe_chunk = 64
+
     def __init__(self, config):
         super().__init__(config)  # the digits and codebooks C
         c = config
@@ -218,7 +217,7 @@ class LEV(DigitCodebooks):
         # 1/sqrt(h): the h heads' outputs are summed
         w_out = torch.randn(h, r, c.n_embd) * c.lev_out_init_std / math.sqrt(h)
         self.out_proj = nn.Parameter(w_out)  # W_out
-        self.fast_embed = None  # hook: a run's fast path, (lev, ids) -> E (kernels/fast_lev.py)
+        self.fast_embed = None  # hook: a run's fast path, (lev, ids) -> E (kernels/)
 
     # -- the recipe, step by step (digits and seed: DigitCodebooks) --
 
@@ -270,9 +269,10 @@ class LEV(DigitCodebooks):
             return self.in_chunks(self.recipe, ids)
 
     def in_chunks(self, recipe, ids):
-        """recipe (self.recipe, or it compiled) on ids RECIPE_CHUNK at a time -> (U, n_embd), each
-        chunk recomputed in backward."""
-        chunks = ids.split(RECIPE_CHUNK)
+        """recipe (self.recipe or it compiled) on ids, a chunk at a time, recomputed in backward."""
+        chunks = ids.split(self.recipe_chunk)
+        if not torch.is_grad_enabled():  # nothing to recompute
+            return torch.cat([recipe(c) for c in chunks])
         return torch.cat([checkpoint(recipe, c, use_reentrant=False) for c in chunks])
 
     @torch.no_grad()

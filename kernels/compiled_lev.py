@@ -3,35 +3,34 @@ follows every edit of the recipe, since it is the recipe. The scripts put it whe
 hand-written kernels (fast_lev.py, lev_kernels.c) step aside, which are faster where they match
 (docs/speed.md: Editing LEV, compiled).
 
-torch.compile fuses the recipe's elementwise work (the 3 knots of each coordinate, the log and the
-sign of the product) into a few passes around two batched matmuls; each chunk of ids is recomputed
-in backward, so that memory stays at the kernels'. Fewer than a chunk of ids without gradients
-(decoding's new ids) run eagerly: a compiled chunk of padding would cost more than it saves.
+torch.compile fuses the recipe's elementwise work (the basis, the log and sign of the product, the
+LayerNorm) into a few passes around its matmuls; each chunk of ids is recomputed in backward, so
+that autograd holds one chunk's spline values, as with the kernels. sample.py does not install it:
+a prompt's first pass would compile (~20 s on a cold cache), and each new token's id would be
+padded to a whole chunk.
 """
 
 import functools
 
 import torch
-import torch.nn.functional as F
-
-from leviathan import RECIPE_CHUNK
 
 
 class CompiledRecipe:
     """LEV.fast_embed: (lev, ids (U,) distinct) -> (U, n_embd), LEV.embed_distinct's function with
-    LEV.recipe compiled: the last chunk is padded with id 0, so that every chunk has one shape, and
-    one graph (per dtype, device and gradient mode) serves every batch."""
+    LEV.recipe compiled: the last chunk is padded (with its last id, computed once more), so that
+    every chunk has one shape, and one graph (per dtype, device and gradient mode) serves every
+    batch."""
 
     name = "LEV's recipe compiled (kernels/compiled_lev.py)"
 
     def __init__(self):
-        self.compiled = torch.compile(run_recipe, dynamic=False)
+        self.compiled = None  # made on first use: torch.compile's machinery costs ~40 MiB
 
     def __call__(self, lev, ids):
-        if len(ids) < RECIPE_CHUNK and not torch.is_grad_enabled():
-            return lev.in_chunks(lev.recipe, ids)  # decoding's few new ids: eager, not padded
+        if self.compiled is None:
+            self.compiled = torch.compile(run_recipe, dynamic=False)
         n = len(ids)
-        padded = F.pad(ids, (0, -n % RECIPE_CHUNK))
+        padded = torch.cat([ids, ids[-1:].expand(-n % lev.recipe_chunk)])
         return lev.in_chunks(functools.partial(self.compiled, lev), padded)[:n]
 
 

@@ -2,16 +2,17 @@
 stands: what you edit is what runs.
 
 leviathan.py runs as written and leaves two hooks at None: LEV.fast_embed, LEV's spline product
-(fast_lev.py), and GPT.fast_loss, the loss of the V-wide head without all the logits at once
-(lean_head.py, imported only where a script asks for it: sampling never does). They are settings of
-a run, not of the architecture.
+(fast_lev.py) or LEV's recipe compiled (compiled_lev.py), and GPT.fast_loss, the loss of the V-wide
+head without all the logits at once (lean_head.py, imported only where a script asks for it:
+sampling never does). They are settings of a run, not of the architecture.
 
 An edit of leviathan.py changes the plain code, which the fast paths re-implement. So each is
 checked when installed: a small probe (lev_outputs, loss_outputs) runs with the hook on and off (the
 model's own code), on the model's device, in its parameters' dtype, with autocast and TF32 off
 (bf16's 8 bits would hide an edit as small as a z-loss). A fast path whose largest relative
 difference passes TOLERANCE (float noise is far below it: docs/model.md), or whose probe fails, is
-removed with one line saying why; the model then runs as written. The probes change nothing: no
+removed with one line saying why; the model then runs as written, or LEV's next fast path is tried
+(install_fast_paths' list: the compiled recipe after the kernels). The probes change nothing: no
 weight, .grad, random state (forked) or setting.
 """
 
@@ -42,7 +43,7 @@ def install_fast_paths(model, lev=None, lean_head=False, check=True, say=say_on_
     FastEmbedder (fast_lev.py), a CompiledRecipe (compiled_lev.py), a list of them tried in turn
     (the first that passes its check stays), or None for LEV's recipe as written; lean_head, the
     loss from lean_head.py. check: check each against the model's own code, on its device: install
-    where it runs, weights loaded."""
+    where it runs, weights loaded (check=False keeps LEV's first and drops the rest)."""
     candidates = list(lev) if isinstance(lev, (list, tuple)) else [lev] if lev else []
     model.fast_loss = None
     if lean_head:
@@ -74,7 +75,7 @@ def check_lev(lev, say=say_on_stderr, then=()):
     then = list(then)
     while True:
         name = getattr(lev.fast_embed, "name", PARTS["lev"][0])
-        runs = f"{then[0].name} takes its place" if then else None
+        runs = f"{then[0].name} is tried in its place" if then else None
         found = check(lev, "fast_embed", "lev", lev_outputs, say, name, runs)
         if lev.fast_embed is not None or not then:
             return found

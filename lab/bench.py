@@ -122,6 +122,10 @@ def parse_args(argv=None):
         p.error(f"unknown arm(s) {', '.join(bad) or repr(args.embedding)}; "
                 f"choose from {', '.join(EMBEDDINGS)}")
     args.tables = set(args.tables.split(","))
+    if args.lev_recipe and not ("lev" in args.arms and "lean" in args.heads.split(",")
+                                and "train" in args.tables):
+        p.error("--lev_recipe times a row of table 1's lev arm with the lean head: it needs "
+                "--tables with train, --embedding with lev and --heads with lean")
     if not args.tables <= {"train", "lev", "gen"}:
         p.error(f"--tables={','.join(sorted(args.tables))}: choose among train, lev, gen")
     args.heads = [h.strip() for h in args.heads.split(",") if h.strip()]
@@ -206,13 +210,13 @@ def batch_source(args):
     return vocab_size, get_batch, what
 
 
-def install(model, args, head="lean", lev="fast"):
-    """The fast paths of table 1's arms: as train.py installs them (lev="fast"), or with LEV's
-    recipe compiled (lev="recipe", where an edit would put it)."""
-    fast = [FastEmbedder(args.lev_chunk, args.lev_c_kernels, args.lev_compile)]
+def install(model, args, head="lean", lev_runs="fast"):
+    """The fast paths of table 1's arms: as train.py installs them (lev_runs="fast"), or LEV's
+    recipe alone, compiled where --lev_compile (lev_runs="recipe", where an edit puts it)."""
     recipe = [CompiledRecipe()] if args.lev_compile else []
-    lev = fast + recipe if lev == "fast" else recipe
-    return install_fast_paths(model, lev=lev, lean_head=head == "lean")
+    fast = [FastEmbedder(args.lev_chunk, args.lev_c_kernels, args.lev_compile)] + recipe
+    return install_fast_paths(model, lev=fast if lev_runs == "fast" else recipe,
+                              lean_head=head == "lean")
 
 
 def new_model(arm, vocab_size, args, model_file=None):
@@ -242,10 +246,10 @@ def train_variants(args):
     return rows
 
 
-def build(arm, vocab_size, args, head="lean", lev="fast", model_file=None):
+def build(arm, vocab_size, args, head="lean", lev_runs="fast", model_file=None):
     """A model with train.py's fast paths (or LEV's recipe compiled), and its optimizer."""
     model = new_model(arm, vocab_size, args, model_file)
-    install(model, args, head, lev)
+    install(model, args, head, lev_runs)
     settings = {"weight_decay": 0.1, "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95}
     optimizer = make_optimizer(model, settings, args.device)
     return model, optimizer

@@ -77,9 +77,10 @@ def test_one_arm_one_table_without_lev_compile(run_cli, tmp_path, monkeypatch):
     ("--tables=train,speed", "--tables=speed,train: choose among train, lev, gen"),
     ("--device=tpu", "invalid choice"),
     ("--lev_recipe=nowhere/leviathan.py", "--lev_recipe=nowhere/leviathan.py: no such file"),
+    ("--lev_recipe=leviathan.py --embedding=tied", "--lev_recipe times a row of table 1's lev"),
 ])
 def test_bad_flags_fail_with_a_message(run_cli, flag, message):
-    code, out, err = run_cli(bench.main, [flag])
+    code, out, err = run_cli(bench.main, flag.split())
     assert code == 2 and message in err and "Traceback" not in err
 
 
