@@ -122,15 +122,15 @@ def parse_args(argv=None):
         p.error(f"unknown arm(s) {', '.join(bad) or repr(args.embedding)}; "
                 f"choose from {', '.join(EMBEDDINGS)}")
     args.tables = set(args.tables.split(","))
-    if args.lev_recipe and not ("lev" in args.arms and "lean" in args.heads.split(",")
-                                and "train" in args.tables):
-        p.error("--lev_recipe times a row of table 1's lev arm with the lean head: it needs "
-                "--tables with train, --embedding with lev and --heads with lean")
     if not args.tables <= {"train", "lev", "gen"}:
         p.error(f"--tables={','.join(sorted(args.tables))}: choose among train, lev, gen")
     args.heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     if not args.heads or set(args.heads) - {"lean", "full"}:
         p.error(f"--heads={','.join(args.heads)}: choose lean, full or both (comma-separated)")
+    lev_lean_train = "lev" in args.arms and "lean" in args.heads and "train" in args.tables
+    if args.lev_recipe and not lev_lean_train:
+        p.error("--lev_recipe times a row of table 1's lev arm with the lean head: it needs "
+                "--tables with train, --embedding with lev and --heads with lean")
     try:
         Config(vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                n_head=args.n_head, n_embd=args.n_embd)  # the model's own checks, before any work
