@@ -19,10 +19,9 @@ The file is the whole model, top to bottom:
        "factorized" a V x E table, then E -> n_embd, + untied head, E matching LEV's size (ALBERT)
      and generation with a KV cache.
 
-It runs as written. The scripts run two parts faster (kernels/): LEV (through torch.compile of its
-recipe, or hand-written kernels) and the loss of the V-wide head, each checked against the code here
-when installed. Two hooks, both None here, are all this file shows of them: LEV.fast_embed and
-GPT.fast_loss.
+It runs as written. The scripts run two parts faster (kernels/): LEV (its recipe compiled, or
+hand-written kernels) and the V-wide head's loss, each checked against the code here when installed;
+LEV.fast_embed and GPT.fast_loss, both None here, are the hooks they use.
 """
 
 import math
@@ -233,13 +232,14 @@ class LEV(DigitCodebooks):
         return M.reshape(N, h * r) @ self.out_proj.reshape(h * r, self.n_embd)
 
     def recipe(self, ids):
-        """The recipe with every intermediate materialised: ids (N,) -> E (N, n_embd). No Python
-        decides on values, so that torch.compile makes it one graph (kernels/compiled_lev.py)."""
-        t = self.unit_coords(self.seed(ids))  # (N, h, d_seed)
-        w = bspline_basis(t, self.n_knots, self.normalize_basis)  # (N, h, d_seed, kappa)
-        phi = torch.einsum("nhdj,hdjr->nhdr", w, self.spline)  # (N, h, d_seed, r)
-        sign, log_abs = signed_log_product(phi, dim=2)  # (N, h, r)
-        return self.mix_heads(sign * log_abs.exp())
+        """ids (N,) -> E (N, n_embd), every intermediate materialised, heads and seed dimensions
+        first (a small matmul each, a product over whole (N, r) planes: faster compiled loops than
+        ids first). No Python decides on values: torch.compile makes one graph (compiled_lev.py)."""
+        t = self.unit_coords(self.seed(ids)).permute(1, 2, 0)  # (h, d_seed, N)
+        w = bspline_basis(t, self.n_knots, self.normalize_basis)  # (h, d_seed, N, kappa)
+        phi = w @ self.spline  # (h, d_seed, N, r)
+        sign, log_abs = signed_log_product(phi, dim=1)  # (h, N, r)
+        return self.mix_heads((sign * log_abs.exp()).transpose(0, 1))
 
     def reference(self, idx):
         """The recipe on a whole batch at once: idx (...) -> (..., n_embd)."""
