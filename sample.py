@@ -71,8 +71,9 @@ def main(argv=None):
         fail(f"cannot read a checkpoint at {path} ({type(e).__name__}: {str(e)[:200]}); train a "
              f"model first (python train.py) or fix --out_dir")
     try:  # another format, settings this leviathan.py does not know, weights that do not fit
-        if ckpt["version"] != 2:
-            raise ValueError(f"format version {ckpt['version']!r}; this sample.py reads version 2: "
+        version = ckpt.get("version") if isinstance(ckpt, dict) else None  # a bare tensor warns
+        if version != 2:
+            raise ValueError(f"format version {version!r}; this sample.py reads version 2: "
                              f"train again, or sample with the leviathan version that wrote it")
         model = GPT(Config(**ckpt["model_config"])).to(device).eval()
         model.load_state_dict(ckpt.pop("model"))  # popped: no second copy of the weights kept

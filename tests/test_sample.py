@@ -226,6 +226,7 @@ class Evil:
         return print, ("this ran",)
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # one line: no warning printed before it
 def test_bad_checkpoints_are_one_line_and_exit_code_2(tmp_path, capsys):
     make_checkpoint(tmp_path / "old", version=0)
     (tmp_path / "empty").mkdir()
