@@ -48,9 +48,11 @@ def main(argv=None):
     add("--plain", action="store_true", help="no fast path: leviathan.py as written, slower")
     add("--threads", type=int, default=0, help="CPU threads; 0: one under 50M parameters")
     args = p.parse_args(argv)  # the sampling settings are GPT.stream's to check
-    if args.num_samples < 1 or args.threads < 0 or not 0 <= args.seed < 2**63:
-        p.error(f"--num_samples={args.num_samples} must be >= 1, --threads={args.threads} >= 0 "
-                f"and --seed={args.seed} in [0, 2^63)")
+    for bad, message in [(args.num_samples < 1, f"--num_samples={args.num_samples} must be >= 1"),
+                         (args.threads < 0, f"--threads={args.threads} must be >= 0"),
+                         (not 0 <= args.seed < 2**63, f"--seed={args.seed} must be in [0, 2^63)")]:
+        if bad:
+            p.error(message)
     if (prompt := args.start).startswith("FILE:"):  # as in nanoGPT
         try:
             prompt = Path(prompt[5:]).read_text(encoding="utf-8")
@@ -68,8 +70,10 @@ def main(argv=None):
     except Exception as e:  # no such file, not a zip archive, truncated, pickled objects ...
         if "GLOBAL" in str(e):  # torch's message would advise loading it unsafely: not passed on
             fail(f"{path} holds Python objects other than tensors, which could run code: refused")
-        fail(f"cannot read a checkpoint at {path} ({type(e).__name__}: {str(e)[:200]}); train a "
-             f"model first (python train.py) or fix --out_dir")
+        why = e.strerror.lower() if isinstance(e, OSError) and e.strerror else (
+            "not a torch.save file, or a damaged one")
+        fail(f"cannot read a checkpoint at {path} ({why}); train a model first (python train.py) "
+             f"or fix --out_dir")
     try:  # another format, settings this leviathan.py does not know, weights that do not fit
         version = ckpt.get("version") if isinstance(ckpt, dict) else None  # a bare tensor warns
         if version != 2:
@@ -79,7 +83,9 @@ def main(argv=None):
         model.load_state_dict(ckpt.pop("model"))  # popped: no second copy of the weights kept
         meta, V, block_size = dict(ckpt["meta"]), model.config.vocab_size, model.config.block_size
     except (LookupError, TypeError, ValueError, RuntimeError) as e:
-        fail(f"{path} is not a checkpoint this sample.py reads ({type(e).__name__}: {e})"[:400])
+        why = f"it has no {e}" if isinstance(e, LookupError) else " ".join(str(e).split())[:300]
+        fail(f"{path} is not a checkpoint this sample.py reads ({why}); use one written by "
+             f"train.py")
     if bad := [name for name, t in model.state_dict().items() if not t.isfinite().all()]:
         fail(f"{path} holds NaN or inf (in {bad[0]}): its run diverged; use an earlier checkpoint")
 
@@ -93,11 +99,12 @@ def main(argv=None):
         try:  # tiktoken downloads an encoding once, into TIKTOKEN_CACHE_DIR where it is set
             enc = tiktoken.get_encoding(meta.get("tokenizer"))
         except Exception as e:  # an unknown name; offline, an encoding never downloaded
-            fail(f"cannot load the checkpoint's tokenizer ({type(e).__name__}: {str(e)[:150]}); "
+            fail(f"cannot load {path}'s tokenizer {meta.get('tokenizer')!r} ({str(e)[:150]}); "
                  f"connect once, or set TIKTOKEN_CACHE_DIR to a folder that holds it")
         ids, utf8, n_vocab = enc.encode_ordinary(prompt), enc.decode_single_token_bytes, enc.n_vocab
     if n_vocab != V:
-        fail(f"the checkpoint is inconsistent: its tokenizer has {n_vocab} tokens, its model {V}")
+        fail(f"{path} is inconsistent: its tokenizer has {n_vocab} tokens, its model {V}; use an "
+             f"untouched checkpoint written by train.py")
     if len(ids) > block_size:
         print(f"sample.py: note: the prompt is {len(ids)} tokens, longer than block_size="
               f"{block_size}; the model sees only its last {block_size}", file=sys.stderr)

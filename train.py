@@ -85,7 +85,7 @@ SETTINGS = {
     "beta1": (0.9, "AdamW beta1", within(0, 1)),
     "beta2": (0.95, "AdamW beta2", within(0, 1)),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping", at_least(0)),
-    "z_loss": (0.0, "z_loss * (log Z)^2 per token added to training's loss", at_least(0)),
+    "z_loss": (0.0, "z_loss * (log Z)^2 per token added to training's loss", within(0, 1)),
     # evaluation and logging
     "eval_interval": (250, "evaluate, log and write ckpt.pt every this many steps", at_least(1)),
     "eval_iters": (20, "eval_iters * batch_size windows per split; 0: all of val", at_least(0)),
@@ -99,10 +99,9 @@ SETTINGS = {
 }
 CHOICES = {"embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
            "dtype": ("auto", "float32", "bfloat16", "float16")}
-RETIRED = {**dict.fromkeys(["lev_lr_scale", "lev_wd_scale", "lev_clip_apart"],
-                           "a research knob, retired at commit 18d2764"),
+RETIRED = {**dict.fromkeys(["lev_lr_scale", "lev_wd_scale", "lev_clip_apart"], "a research knob"),
            **dict.fromkeys(["fit_steps", "fit_lr", "fit_batch", "fit_loss", "fit_weights"],
-                           "the retrofit's, after da38896: it is python lab/retrofit.py now")}
+                           "the retrofit's: it is python lab/retrofit.py now")}
 
 
 def read_config(path):
@@ -151,10 +150,14 @@ def parse_args(argv):
 def read_flag(arg):
     """--key=value -> (key, value, arg); a string needs no quotes, a bare --compile is True."""
     key, has_value, text = arg[2:].partition("=")
-    default = SETTINGS.get(key, (None,))[0]
+    if key not in SETTINGS:
+        return key, text, arg  # set_setting names it an unknown setting
+    default = SETTINGS[key][0]
     if not has_value and not isinstance(default, bool):
         raise ValueError(f"{arg}: expected --key=value (see python train.py --help)")
     try:
+        if isinstance(default, float):
+            return key, float(text), arg  # also inf and nan, which check_settings refuses
         return key, text if isinstance(default, str) else ast.literal_eval(text or "True"), arg
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return key, text, arg
@@ -216,11 +219,17 @@ def resolve(s, explicit):
                          f"{s['lr_decay_iters']}")
     if resuming:
         s["out_dir"] = formatted_out_dir(s)
+        check_resumable(s["out_dir"])
         ckpt, path = read_checkpoint(s["out_dir"], for_resume=True)
         for key, value in ckpt["train_config"].items():  # a retired or unknown key: left out
             if key in SETTINGS.keys() - MODEL.keys() - explicit - {"out_dir", "init_from"}:
                 set_setting(s, key, value, f"{path} (train_config)")
     elif s["init_from"] not in ("scratch", ""):  # "": said by check_settings
+        if not os.path.exists(s["init_from"]) and os.sep not in s["init_from"]:
+            hint = ("did you mean --init_from=resume?" if s["init_from"].lower() == "resume" else
+                    "no pretrained weights are loaded by name")
+            raise ValueError(f"init_from={s['init_from']!r} is not a checkpoint ({hint}); use "
+                             f"scratch, resume, or the path of a run or of its ckpt.pt")
         ckpt, path = read_checkpoint(s["init_from"])
     for key in MODEL if ckpt else ():  # a setting the checkpoint predates: its default
         value = ckpt["model_config"].get(key, MODEL[key][0])
@@ -235,6 +244,10 @@ def resolve(s, explicit):
     if not resuming:
         s["out_dir"] = formatted_out_dir(s)  # a fine-tune's {embedding} is its source's
         s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed: a resume keeps it
+        if ckpt and os.path.realpath(os.path.dirname(path)) == os.path.realpath(s["out_dir"]):
+            raise ValueError(f"out_dir={s['out_dir']} holds the checkpoint being fine-tuned "
+                             f"({path}); fine-tune into another --out_dir (--overwrite cannot "
+                             f"replace a run that is being read)")
         if os.path.exists(os.path.join(s["out_dir"], "ckpt.pt")) and not s["overwrite"]:
             raise ValueError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
                              f"--init_from=resume, train into another --out_dir, or pass "
@@ -242,6 +255,20 @@ def resolve(s, explicit):
     if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
         raise ValueError(f"out_dir={s['out_dir']} is a file, not a folder; give another path")
     return s, ckpt, path
+
+
+def check_resumable(out_dir):
+    """A resume's out_dir must be a folder holding ckpt.pt: else say what is there, what to do."""
+    if os.path.isfile(out_dir):
+        raise ValueError(f"out_dir={out_dir} is a file, not a folder; give another path")
+    if os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
+        return
+    if os.path.isfile(os.path.join(out_dir, "log.jsonl")):
+        raise ValueError(f"{out_dir} holds a log.jsonl but no ckpt.pt: its run stopped before "
+                         f"its first save (at step eval_interval); start it again with the same "
+                         f"command without --init_from=resume")
+    raise ValueError(f"{out_dir} holds no run to resume (no ckpt.pt); train one first "
+                     f"(init_from=scratch) or fix --out_dir")
 
 
 def formatted_out_dir(s):
@@ -324,13 +351,14 @@ def read_checkpoint(path, for_resume=False):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch's advice to load it unsafely is not passed on
         why = ("it holds Python objects, which could run code when loaded; it was refused unread"
-               if "GLOBAL" in str(e) else f"not a torch.save file ({type(e).__name__})")
-        raise ValueError(f"{path} is not a readable leviathan checkpoint: {why}") from None
+               if "GLOBAL" in str(e) else "not a torch.save file, or a damaged one")
+        raise ValueError(f"{path} is not a readable leviathan checkpoint: {why}. Use an "
+                         f"untouched checkpoint written by train.py") from None
     version = ckpt.get("version") if isinstance(ckpt, dict) else None
-    if version != 2:  # format 2 since commit 18d2764, da38896's included
-        older = "Commit 66d9f67 of leviathan reads it" if version == 1 else "Retrain"
-        raise ValueError(f"{path} is a checkpoint of format {version!r}; this code reads 2. "
-                         f"{older}")
+    if version != 2:
+        raise ValueError(f"{path} is a checkpoint of format {version!r}, and this train.py reads "
+                         f"format 2: train the run again, or use the leviathan version that wrote "
+                         f"it")
     tables = ["model", "model_config", "meta"] + ["train_config", "optimizer", "rng"] * for_resume
     if bad := [key for key in tables if not isinstance(ckpt.get(key), dict)]:  # counters: train()
         raise ValueError(f"{path}: {', '.join(bad)} missing or not a dict; it was edited or not "
@@ -358,15 +386,17 @@ def write_atomic(path, obj):
         if isinstance(obj, str):
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(obj)
-        else:
-            torch.save(obj, tmp)
+        else:  # into Python's file: a full disk is then an OSError (ENOSPC), not torch's text
+            with open(tmp, "wb") as f:
+                torch.save(obj, f)
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        if isinstance(e, (OSError, RuntimeError)):  # torch says a full disk in a RuntimeError
-            raise OSError(f"could not write {path} ({one_line(e)[:200]}); the previous file, if "
-                          f"any, is unchanged. Free disk space or use another --out_dir") from None
+        if isinstance(e, OSError):
+            reason = (e.strerror or one_line(e)).lower()  # no space left on device, read-only ...
+            raise OSError(f"could not write {path}: {reason}; the previous file, if any, is "
+                          f"unchanged. Free disk space or use another --out_dir") from None
         raise
 
 
@@ -517,9 +547,11 @@ def train(s, explicit):
             optimizer.load_state_dict(ckpt["optimizer"])
             if "scaler" in ckpt:
                 scaler.load_state_dict(ckpt["scaler"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"{source}: its optimizer state does not fit the model "
-                             f"({one_line(e)[:200]})") from None
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            raise ValueError(f"{source}: its optimizer state does not fit this train.py's "
+                             f"parameter groups (another version wrote it); fine-tune from it "
+                             f"with a fresh optimizer: --init_from={source} and another "
+                             f"--out_dir") from None
     del ckpt
 
     # log.jsonl: a resume keeps the records up to its step, and does not evaluate that step again

@@ -12,8 +12,8 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
@@ -21,30 +21,47 @@ import torch
 C_SOURCE = Path(__file__).with_name("lev_kernels.c")
 C_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC")
 C_TYPES = {torch.float32: "f32", torch.float64: "f64"}
-_c_state = {}  # "library": the loaded library, or None where it could not be built (warned once)
+_c_state = {}  # "library": the loaded library, or None where it could not be built (said once)
 
 
 def c_library():
     """lev_kernels.c as a ctypes library, built on first use (CC or cc; LEVIATHAN_CACHE or
     ~/.cache/leviathan holds it, named by a hash of the source, the flags and the machine). None,
-    with one warning, where it cannot be built: LEV then runs torch's kernels."""
+    with one line on stderr, where it cannot be built: LEV then runs torch's kernels."""
     if "library" not in _c_state:
         try:
             _c_state["library"] = load_c_library(build_c_library())
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
             _c_state["library"] = None  # RuntimeError: no home
-            first_line = (getattr(error, "stderr", None) or str(error)).strip().splitlines() or [""]
-            warnings.warn(f"LEV: could not build its C kernels ({type(error).__name__}: "
-                          f"{first_line[0][:200]}); torch's kernels run instead, ~3x slower on "
-                          f"CPU. Install a C compiler (or set CC), or turn the C kernels off "
-                          f"(train.py --lev_c_kernels=False) to skip the attempt.", stacklevel=2)
+            print(f"LEV: could not build its C kernels, so torch's kernels run instead (~3x slower "
+                  f"on CPU): {build_failure(error)}", file=sys.stderr, flush=True)
     return _c_state["library"]
+
+
+def build_failure(error):
+    """Why the build failed and what to do, in one line: the compiler's first error, whole."""
+    skip = "or pass --lev_c_kernels=False to skip the attempt"
+    if isinstance(error, subprocess.CalledProcessError):
+        lines = (error.stderr or "").splitlines()
+        reason = next((line.split("error:", 1)[1].strip() for line in lines if "error:" in line),
+                      f"it exited with status {error.returncode}")
+        return f"the C compiler failed ({reason}); set CC to a working C compiler, {skip}"
+    if isinstance(error, FileNotFoundError) and error.filename == compiler_command()[0]:
+        return f"no C compiler ({error.filename}); install one (or set CC), {skip}"
+    if isinstance(error, OSError) and error.filename:  # the cache folder
+        return (f"cannot write {error.filename} ({error.strerror}); set LEVIATHAN_CACHE to a "
+                f"folder you can write to, {skip}")
+    return f"{' '.join(str(error).split())}; {skip}"
+
+
+def compiler_command():
+    return shlex.split(os.environ.get("CC") or shutil.which("cc") or "gcc")  # CC: "ccache gcc"
 
 
 def build_c_library():
     """Compile C_SOURCE, with OpenMP if the compiler has it, unless this machine's build is cached
     -> the path of the shared library."""
-    compiler = shlex.split(os.environ.get("CC") or shutil.which("cc") or "gcc")  # CC: "ccache gcc"
+    compiler = compiler_command()
     source = C_SOURCE.read_bytes()
     build_inputs = [source, " ".join(C_FLAGS).encode(), " ".join(compiler).encode(),
                     platform.node().encode(), platform.machine().encode()]

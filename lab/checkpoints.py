@@ -36,9 +36,10 @@ def load_model_and_tokenizer(path, device="cpu"):
         tokenizer = dataset.get_tokenizer(meta)
     except Exception as e:  # an unknown encoding name, a tiktoken file not to be had offline, ...
         raise ValueError(f"cannot build the checkpoint's tokenizer {meta['tokenizer']!r} "
-                         f"({type(e).__name__}: {e})") from None
+                         f"({' '.join(str(e).split())[:200]})") from None
     if tokenizer.vocab_size != model.config.vocab_size:
         raise ValueError(f"the checkpoint's tokenizer {meta['tokenizer']!r} has "
                          f"{tokenizer.vocab_size} tokens but its model has vocab_size="
-                         f"{model.config.vocab_size}; the checkpoint is inconsistent")
+                         f"{model.config.vocab_size}; {path} is inconsistent: use an untouched "
+                         f"checkpoint written by train.py")
     return model, tokenizer

@@ -3,6 +3,7 @@ actionable line on stderr and exit code 2 (never a traceback, never a silent suc
 failure ever loses the last good checkpoint. prepare_data.py's cases live in
 tests/test_prepare_data.py."""
 
+import errno
 import importlib.util
 import os
 
@@ -67,14 +68,14 @@ def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli
     cases = [
         (["--block_size=0"], "block_size=0 must be a positive integer"),
         (["--n_embd=0"], "n_embd=0 must be a positive integer"),
-        (["--learning_rate=nan"], "learning_rate='nan' must be a number"),
+        (["--learning_rate=nan"], "learning_rate=nan must be a finite number"),
         (["--learning_rate=1e999"], "learning_rate=inf must be a finite number"),
         (["--min_lr=0.01", "--learning_rate=0.001"],
          "min_lr=0.01 must not exceed learning_rate=0.001"),
         (["--dropout=1.5"], "dropout=1.5 must be in [0, 1)"),
         (["--seed=-1"], "seed=-1 must be in [0, 2^63"),
         (["--lev_chunk=0"], "lev_chunk=0 must be at least 1"),
-        (["--lev_out_init_std=nan"], "lev_out_init_std='nan' must be a number"),
+        (["--lev_out_init_std=nan"], "lev_out_init_std=nan must be a finite number"),
         (["--lev_out_init_std=0"], "lev_out_init_std=0.0 must be a finite number > 0"),
         (["--lev_out_init_std=-1"], "lev_out_init_std=-1.0 must be a finite number > 0"),
         (["--lev_out_init_std=1e999"], "lev_out_init_std=inf must be a finite number"),
@@ -85,6 +86,17 @@ def test_train_settings_are_checked_before_any_work(tmp_path, char_data, run_cli
         ([str(tmp_path / "latin1.py")],
          "latin1.py: 'utf-8' codec can't decode byte 0xe9 in position 5"),
         (["--max_iters=1e3"], "max_iters=1000.0 must be an integer"),
+        (["--learning_rate=inf"], "learning_rate=inf must be a finite number"),
+        (["--z_loss=nan"], "z_loss=nan must be a finite number"),
+        (["--z_loss=1e6"], "z_loss=1000000.0 must be in [0, 1)"),
+        (["--nosuchflag"], "--nosuchflag: unknown setting 'nosuchflag'; see python train.py"),
+        (["--complie"], "--complie: unknown setting 'complie'; did you mean compile?"),
+        (["--init_from=Resume"], "init_from='Resume' is not a checkpoint (did you mean "
+                                 "--init_from=resume?)"),
+        (["--init_from=gpt2"], "init_from='gpt2' is not a checkpoint (no pretrained weights are "
+                               "loaded by name)"),
+        ([f"--out_dir={tmp_path / 'a_file'}", "--init_from=resume"],
+         f"out_dir={tmp_path / 'a_file'} is a file, not a folder; give another path"),
     ]
     for args, message in cases:
         out = args[0].split("=", 1)[1] if args[0].startswith("--out_dir") else tmp_path / "out"
@@ -132,11 +144,11 @@ def test_resuming_an_edited_or_foreign_checkpoint_is_refused(tmp_path, char_data
          "random states (rng) are unusable"),
         (edited_checkpoint(trained, tmp_path / "bad_opt",
                            lambda c: c["optimizer"].update(param_groups=[])),
-         "its optimizer state does not fit the model"),
+         "its optimizer state does not fit this train.py's parameter groups"),
         (edited_checkpoint(trained, tmp_path / "lev_groups", lambda c: c["optimizer"].update(
             param_groups=[dict(g, params=g["params"][i::2]) for g in c["optimizer"]["param_groups"]
                           for i in (0, 1)])),
-         "its optimizer state does not fit the model"),  # LEV's own 2 groups (retired)
+         "fine-tune from it with a fresh optimizer"),  # LEV's own 2 groups (a retired setting)
         (edited_checkpoint(trained, tmp_path / "bad_weights",
                            lambda c: c["model"].pop("norm.weight")),
          "the weights do not fit its model settings"),
@@ -174,6 +186,49 @@ def test_a_run_stopped_before_its_first_save_is_started_again(tmp_path, char_dat
     code, _, err = train_cli(run_cli, char_data, out, "--init_from=resume", "--max_iters=4")
     assert code == 130 and err.count("\n") == 1
     assert f"{out}/ckpt.pt keeps the last saved state" in err
+
+
+def test_a_fine_tune_into_its_own_source_folder_is_refused(tmp_path, char_data, run_cli, trained,
+                                                           monkeypatch):
+    """Whatever --overwrite says, and however the same folder is spelled: the source is read."""
+    before = {name: (trained / name).read_bytes() for name in ("ckpt.pt", "log.jsonl")}
+    monkeypatch.chdir(tmp_path)
+    for source, out in [(trained, trained), (trained / "ckpt.pt", "./run/"), ("run", trained),
+                        ("./run/ckpt.pt", "run")]:
+        for overwrite in ([], ["--overwrite"]):
+            code, _, err = train_cli(run_cli, char_data, out, f"--init_from={source}",
+                                     "--max_iters=1", *overwrite)
+            assert_one_line(code, err, "holds the checkpoint being fine-tuned", "train.py")
+            assert "fine-tune into another --out_dir" in err and "pass --overwrite" not in err
+    assert {name: (trained / name).read_bytes() for name in before} == before
+
+
+def test_a_resume_says_what_its_folder_holds(tmp_path, char_data, run_cli):
+    (tmp_path / "stopped").mkdir()
+    (tmp_path / "stopped" / "log.jsonl").write_text("")
+    code, _, err = train_cli(run_cli, char_data, tmp_path / "stopped", "--init_from=resume")
+    assert_one_line(code, err, "holds a log.jsonl but no ckpt.pt: its run stopped before its first "
+                               "save", "train.py")
+    assert "start it again with the same command without --init_from=resume" in err
+    code, _, err = train_cli(run_cli, char_data, tmp_path / "none", "--init_from=resume")
+    assert_one_line(code, err, "holds no run to resume (no ckpt.pt); train one first", "train.py")
+
+
+def test_a_read_only_disk_during_a_save_keeps_the_last_checkpoint(char_data, run_cli, trained,
+                                                                  monkeypatch):
+    before = (trained / "ckpt.pt").read_bytes()
+    real_open = open
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if str(path).endswith("ckpt.pt.tmp"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", read_only)
+    code, _, err = train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=4")
+    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'}: read-only file system; "
+                               f"the previous file, if any, is unchanged", "train.py")
+    assert (trained / "ckpt.pt").read_bytes() == before
 
 
 def test_a_scratch_run_never_replaces_a_run_unless_asked(tmp_path, char_data, run_cli, trained):
@@ -229,8 +284,9 @@ def test_a_full_disk_during_a_save_keeps_the_last_checkpoint(tmp_path, char_data
     tmp = trained / "ckpt.pt.tmp"
     os.symlink("/dev/full", tmp)
     code, _, err = train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=4")
-    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'}", "train.py")
-    assert "is unchanged" in err
+    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'}: no space left on device",
+                    "train.py")
+    assert "is unchanged" in err and "enforce fail" not in err
     assert (trained / "ckpt.pt").read_bytes() == before and not os.path.lexists(tmp)
 
 
@@ -277,13 +333,16 @@ def test_sample_rejects_bad_values(tmp_path, run_cli, trained):
         (["--temperature=nan"], "temperature=nan must be a finite number >= 0"),
         (["--temperature=inf"], "temperature=inf must be a finite number >= 0"),
         (["--top_p=nan"], "top_p=nan must be in (0, 1]"),
-        (["--seed=99999999999999999999"], "--seed=99999999999999999999 in [0, 2^63)"),
-        (["--seed=-1"], "--seed=-1 in [0, 2^63)"),
-        (["--threads=-2"], "--threads=-2 >= 0"),
+        (["--seed=99999999999999999999"], "--seed=99999999999999999999 must be in [0, 2^63)"),
+        (["--seed=-1"], "--seed=-1 must be in [0, 2^63)"),
+        (["--threads=-2"], "--threads=-2 must be >= 0"),
+        (["--num_samples=0"], "--num_samples=0 must be >= 1"),
     ]
     for args, message in cases:
         code, _, err = run_sample(run_cli, trained, *args)
         assert_one_line(code, err, message, "sample.py")
+        others = {"--seed", "--threads", "--num_samples"} - {args[0].split("=")[0]}
+        assert not any(other in err for other in others), err  # only the flag that is wrong
     code, _, err = run_sample(run_cli, nan_checkpoint(trained, tmp_path))
     assert_one_line(code, err, "holds NaN or inf (in norm.weight): its run diverged", "sample.py")
 

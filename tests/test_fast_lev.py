@@ -11,7 +11,6 @@ Run:  python -m pytest -q tests/test_fast_lev.py
 import math
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -414,26 +413,29 @@ def test_c_kernels_refuse_operands_they_would_misread():
     assert lev.fast_embed.kernels(torch.rand(1, 2, 16, dtype=torch.float64), lev.spline) != "c"
 
 
-# missing, or failing (exit status 1)
-@pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])
-def test_lev_without_a_c_compiler_warns_once_and_runs_torchs_kernels(tmp_path, monkeypatch,
-                                                                      compiler):
+# missing, failing (exit status 1), or a cache folder that cannot be made (under a file)
+@pytest.mark.parametrize("compiler", ["no-such-compiler", "false", "cache-under-a-file"])
+def test_lev_without_a_c_compiler_says_so_once_and_runs_torchs_kernels(tmp_path, monkeypatch,
+                                                                        capsys, compiler):
     if compiler == "false" and shutil.which("false") is None:
         pytest.skip("no `false` command to stand in for a failing compiler")
-    cc = str(tmp_path / compiler) if compiler == "no-such-compiler" else shutil.which("false")
-    monkeypatch.setenv("CC", cc)
-    monkeypatch.setenv("LEVIATHAN_CACHE", str(tmp_path / "cache"))
+    cc = {"no-such-compiler": str(tmp_path / compiler), "false": shutil.which("false")}
+    if compiler in cc:
+        monkeypatch.setenv("CC", cc[compiler])
+    (tmp_path / "a_file").write_text("")
+    cache = tmp_path / ("a_file" if compiler == "cache-under-a-file" else "") / "cache"
+    monkeypatch.setenv("LEVIATHAN_CACHE", str(cache))
     monkeypatch.setattr(c_kernels, "_c_state", {})  # the module's memory of an earlier build: none
     lev = tiny_lev(kernels="torch")
     lev.fast_embed.c_kernels = True
     idx = random_ids(2, 9, seed=1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        E = lev(idx)
-        lev(idx)
-    messages = [str(w.message) for w in caught if str(w.message).startswith("LEV:")]
-    assert len(messages) == 1 and "could not build its C kernels" in messages[0]
-    assert "--lev_c_kernels" in messages[0]
+    E = lev(idx)
+    lev(idx)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("LEV: could not build its C kernels"), err
+    reason = {"no-such-compiler": "no C compiler", "false": "the C compiler failed (it exited",
+              "cache-under-a-file": "set LEVIATHAN_CACHE to a folder you can write to"}[compiler]
+    assert reason in err and err.rstrip().endswith("--lev_c_kernels=False to skip the attempt")
     kernels = lev.fast_embed.kernels(torch.rand(1, 2, 16, dtype=torch.float64), lev.spline)
     assert kernels in ("compiled", "eager")
     torch.testing.assert_close(E, lev.reference(idx), rtol=1e-10, atol=1e-12)
