@@ -21,7 +21,7 @@ The file is the whole model, top to bottom:
 
 It runs as written. The scripts run two parts faster (kernels/): LEV (its recipe compiled, or
 hand-written kernels) and the V-wide head's loss, each checked against the code here when installed;
-LEV.fast_embed and GPT.fast_loss, both None here, are the hooks they use.
+LEV.fast_embed and GPT.fast_logits, both None here, are the hooks they use.
 """
 
 import math
@@ -201,6 +201,9 @@ class LEV(DigitCodebooks):
     # distinct ids embedded together; each chunk is recomputed in backward, so autograd holds one
     # chunk's spline values (65,536 per id at the paper's sizes), not a batch's (CPU config: ~800)
     recipe_chunk = 64
+    # matrices left out of weight decay (GPT.configure_optimizers): the per-head LayerNorm's gains
+    # and biases, and S, whose decay pulls each of the d_seed factors of the product towards 0
+    no_weight_decay = ("ln_weight", "ln_bias", "spline")
 
     def __init__(self, config):
         super().__init__(config)  # the digits and codebooks C
@@ -446,7 +449,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList([Block(c, layer) for layer in range(c.n_layer)])
         self.norm = RMSNorm(c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)  # hidden state -> logits
-        self.fast_loss = None  # hook: a run's memory-lean head (kernels/lean_head.py)
+        self.fast_logits = None  # hook: a run's memory-lean head (kernels/lean_head.py)
         cos, sin = rotary_tables(c.n_embd // c.n_head, c.block_size)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -461,6 +464,18 @@ class GPT(nn.Module):
         if c.embedding == "tied":
             self.lm_head.weight = self.tok_emb.weight  # one V x n_embd matrix, at input and output
 
+    def param_groups(self, weight_decay):
+        """The optimizer's two groups: weight decay on the matrices and tables (dim >= 2) but those
+        a module lists in its no_weight_decay, none on the rest (norms' gains, biases). Frozen
+        parameters (requires_grad False) are left out."""
+        kept = {id(getattr(m, name)) for m in self.modules()
+                for name in getattr(m, "no_weight_decay", ())}
+        trained = [p for p in self.parameters() if p.requires_grad]
+        return [{"params": [p for p in trained if p.dim() >= 2 and id(p) not in kept],
+                 "weight_decay": weight_decay},
+                {"params": [p for p in trained if p.dim() < 2 or id(p) in kept],
+                 "weight_decay": 0.0}]
+
     def param_report(self):
         """Parameter counts: input embedding / backbone / head (the tied table counts as input)."""
         emb = sum(p.numel() for p in self.tok_emb.parameters())
@@ -469,36 +484,23 @@ class GPT(nn.Module):
         backbone = total - emb - head
         return {"input_embedding": emb, "backbone": backbone, "head": head, "total": total}
 
-    def forward(self, idx, targets=None, reduction="mean", kv_cache=None, z_loss=0.0):
-        """idx: (B, T) token ids -> (logits, loss).
+    def forward(self, idx, targets=None):
+        """idx: (B, T) token ids -> (logits (B, T, V), loss): with targets (B, T), the mean
+        cross-entropy over the targets that are not -1, else None.
 
-        With targets (B, T): logits of every position (B, T, V) and the cross-entropy (targets == -1
-        ignored): its mean over the scored targets, or with reduction="none" the loss of each
-        position, (B, T), 0 where ignored. z_loss > 0 adds z_loss * (log Z)^2 per scored token,
-        log Z the log-sum-exp of its logits (PaLM's z-loss: it keeps the softmax's normaliser near
-        1). With a fast loss installed, the same loss comes without the logits (in their place an
-        object that says so when used). Without targets: the logits of the last position only,
-        (B, 1, V), and loss None. kv_cache: a KVCache that the tokens join (generation)."""
-        B, T = idx.shape
-        x = self.backbone(self.embed(idx), kv_cache)  # (B, T, n_embd)
+        Under a run's lean head (GPT.fast_logits, kernels/lean_head.py: training's default) the
+        logits are made only when used: F.cross_entropy of them, as below, runs without ever
+        holding them all; any other use (a loss term, a softmax) makes them first, with the plain
+        head's values, gradients and memory."""
+        x = self.backbone(self.embed(idx))  # (B, T, n_embd)
+        logits = self.lm_head(x) if self.fast_logits is None else self.fast_logits(
+            x, self.lm_head.weight)  # (B, T, V)
         if targets is None:
-            return self.lm_head(x[:, -1:, :]), None
-        if reduction not in ("mean", "none"):
-            raise ValueError(f"reduction={reduction!r}; choose mean or none")
-        if self.fast_loss is not None:  # a run's fast path: the same loss, never all logits at once
-            return self.fast_loss(x, self.lm_head.weight, targets, reduction, z_loss)
-        logits = self.lm_head(x)
-        wide = logits.view(-1, logits.size(-1))
-        wide = wide.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
-        targets = targets.reshape(-1)  # (B*T,)
-        if z_loss == 0:
-            loss = F.cross_entropy(wide, targets, ignore_index=-1, reduction=reduction)
-        else:
-            scored = targets != -1
-            per_token = F.cross_entropy(wide, targets, ignore_index=-1, reduction="none")
-            per_token = per_token + z_loss * torch.where(scored, wide.logsumexp(-1).pow(2), 0.0)
-            loss = per_token if reduction == "none" else per_token.sum() / scored.sum()
-        return logits, loss.view(B, T) if reduction == "none" else loss
+            return logits, None
+        # fp32 under autocast (cross_entropy is one of autocast's float32 operations)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-1)
+        return logits, loss
 
     def embed(self, idx):
         """idx: (B, T) token ids, checked -> input embeddings (B, T, n_embd)."""
@@ -529,6 +531,11 @@ class GPT(nn.Module):
         return self.norm(x)
 
     # -- generation --
+
+    def next_logits(self, idx, kv_cache=None):
+        """idx: (B, T) -> the logits of the token after the last, (B, V): the head on the last
+        position only. kv_cache: a KVCache that the T tokens join."""
+        return self.lm_head(self.backbone(self.embed(idx), kv_cache)[:, -1, :])
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
@@ -572,14 +579,14 @@ class GPT(nn.Module):
                 start = idx.shape[1] - max(1, block // 2)
                 kv_cache = None
             if not use_cache:
-                logits, _ = self(idx[:, start:])
+                logits = self.next_logits(idx[:, start:])
             else:
                 if kv_cache is None:
                     kv_cache, fed = KVCache(self.config.n_layer, block), start
                 # the window's first tokens after a jump, then one token per step
-                logits, _ = self(idx[:, fed:], kv_cache=kv_cache)
+                logits = self.next_logits(idx[:, fed:], kv_cache)
                 fed = idx.shape[1]
-            next_id = sample_next(logits[:, -1, :].float(), temperature, top_k, top_p)
+            next_id = sample_next(logits.float(), temperature, top_k, top_p)
             idx = torch.cat([idx, next_id], dim=1)
             yield next_id
 

@@ -116,7 +116,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads or (1 if small else torch.get_num_threads()))
     install_fast_paths(model, lev=None if args.plain else FastEmbedder(compile_kernels=False))
     if args.compile:
-        model.compile()
+        model.next_logits = torch.compile(model.next_logits)  # what generation runs
 
     # -- sample, each token printed as it comes --
     torch.manual_seed(args.seed)  # every device's generator

@@ -30,6 +30,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kernels.compiled_lev import CompiledRecipe
@@ -70,7 +71,7 @@ SETTINGS = {
     "lev_c_kernels": (True, "LEV on CPU: the spline product in C (kernels/lev_kernels.c)"),
     "lev_compile": (True, "LEV: torch.compile its torch kernels where the C ones do not run, and "
                     "its recipe where the fast path is off or steps aside (an edit)"),
-    "lean_head": (True, "the loss from the memory-lean head, which never holds all the logits"),
+    "lean_head": (True, "the memory-lean head: logits made only when used (the loss needs none)"),
     "lev_fast": (True, "LEV's fast path; False: LEV as leviathan.py writes it (see lev_compile)"),
     # optimization
     "batch_size": (64, "sequences per micro-step, per process", at_least(1)),
@@ -85,7 +86,8 @@ SETTINGS = {
     "beta1": (0.9, "AdamW beta1", within(0, 1)),
     "beta2": (0.95, "AdamW beta2", within(0, 1)),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping", at_least(0)),
-    "z_loss": (0.0, "z_loss * (log Z)^2 per token added to training's loss", within(0, 1)),
+    "z_loss": (0.0, "z_loss * (log Z)^2 per token added to training's loss (makes the logits)",
+               within(0, 1)),
     # evaluation and logging
     "eval_interval": (250, "evaluate, log and write ckpt.pt every this many steps", at_least(1)),
     "eval_iters": (20, "eval_iters * batch_size windows per split; 0: all of val", at_least(0)),
@@ -99,10 +101,379 @@ SETTINGS = {
 }
 CHOICES = {"embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
            "dtype": ("auto", "float32", "bfloat16", "float16")}
-RETIRED = {**dict.fromkeys(["lev_lr_scale", "lev_wd_scale", "lev_clip_apart"], "a research knob"),
-           **dict.fromkeys(["fit_steps", "fit_lr", "fit_batch", "fit_loss", "fit_weights"],
-                           "the retrofit's: it is python lab/retrofit.py now")}
 
+
+
+# --------------------------------------------------------------------------------------------------
+# The run, top to bottom (how settings, data and checkpoints are read and checked: after it)
+
+
+def train(s, explicit):
+    """One run -> its exit code: 0 done, 1 diverged (nothing saved), 130 stopped by Ctrl-C or
+    SIGTERM (saved)."""
+    s, ckpt, source = resolve(s, explicit)
+    resuming, out_dir = s["init_from"] == "resume", s["out_dir"]
+    ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
+    B, T, accum = s["batch_size"], s["block_size"], s["gradient_accumulation_steps"]
+    tokens_per_step = accum * B * T
+
+    # processes (torchrun sets RANK and WORLD_SIZE), device and dtype
+    ddp = "RANK" in os.environ
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    master, local_rank = rank == 0, int(os.environ.get("LOCAL_RANK", 0))
+    log = print if master else (lambda *args, **kwargs: None)
+    device, dtype = pick_device(s["device"], s["dtype"], ddp, local_rank)
+    autocast = (contextlib.nullcontext() if dtype == "float32"
+                else torch.autocast(device.type, dtype=getattr(torch, dtype)))
+    if accum % world:
+        raise ValueError(f"gradient_accumulation_steps={accum} must be divisible by the number "
+                         f"of processes ({world})")
+    local_accum = accum // world
+
+    # data: the splits, and fixed evaluation windows (as many of the train split as of val)
+    data_dir = os.path.join(s["data_dir"], s["dataset"])
+    meta, train_data, val_data = load_data(data_dir)
+    val_starts = eval_windows(len(val_data), T, s["eval_iters"] * B or None)
+    train_starts = eval_windows(len(train_data), T, len(val_starts))
+    if ckpt:
+        check_same_tokens(ckpt["meta"], meta, source, data_dir, "use data of the same tokens")
+
+    # the model: resumed, fine-tuned from a checkpoint's, or new; the data order's own generator
+    data_order, origin = torch.Generator(), None
+    step, tokens_seen, best_val_loss, elapsed_before = 0, 0, math.inf, 0.0
+    if resuming:
+        model = build_model(ckpt, source)
+        step, tokens_seen, best_val_loss, elapsed_before = restore_run(ckpt, source, data_order,
+                                                                       device)
+        origin = ckpt.get("origin")
+        if rank > 0:  # only rank 0's dropout stream is saved
+            torch.manual_seed(s["seed"] + rank + step)
+    else:
+        torch.manual_seed(s["seed"])  # the model's initialization
+        if ckpt:
+            ckpt["model_config"]["dropout"] = s["dropout"]
+            origin = {"checkpoint": source, "step": ckpt.get("step"), "embedding": s["embedding"],
+                      "dataset": ckpt["meta"].get("dataset")}
+            model = build_model(ckpt, source)
+        else:
+            model = GPT(Config(vocab_size=meta["vocab_size"], **{k: s[k] for k in MODEL}))
+        data_order.manual_seed(s["seed"] + DATA_SEED_OFFSET)
+        torch.manual_seed(s["seed"] + rank)  # dropout masks: a stream per process
+    freeze(model, s["freeze"])
+    model.to(device)
+    # the fast paths, each checked against leviathan.py as it stands; one that differs (an edit)
+    # steps aside in one line: LEV's recipe then runs compiled, else as written
+    lev = []
+    if s["lev_fast"]:
+        lev.append(FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"]))
+    if s["lev_compile"]:
+        lev.append(CompiledRecipe())
+    install_fast_paths(model, lev=lev, lean_head=s["lean_head"],
+                       say=lambda line: log(line, file=sys.stderr, flush=True))
+    optimizer = torch.optim.AdamW(model.param_groups(s["weight_decay"]), lr=s["learning_rate"],
+                                  betas=(s["beta1"], s["beta2"]), fused=device.type == "cuda")
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
+    if resuming:
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            if "scaler" in ckpt:
+                scaler.load_state_dict(ckpt["scaler"])
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            raise ValueError(f"{source}: its optimizer state does not fit this train.py's "
+                             f"parameter groups (another version wrote it); fine-tune from it "
+                             f"with a fresh optimizer: --init_from={source} and another "
+                             f"--out_dir") from None
+    del ckpt
+
+    # log.jsonl: a resume keeps the records up to its step, and does not evaluate that step again
+    records = read_log(log_path, step) if resuming else []
+    evaluated = step if any(r["step"] == step for r in records) else None
+    if ddp:  # joining waits for every process: all have read the log before it is rewritten
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if master:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write in {out_dir} ({e.strerror}); train into a "
+                          f"folder you can write to (--out_dir)") from None
+        write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in records))
+    log(describe_run(s, meta, model, data_dir, train_data, val_data, len(val_starts), origin,
+                     device, dtype, world, resuming, step, ckpt_path))
+
+    # torch.compile, then DDP; model stays the plain module (evaluation, checkpoints)
+    train_model = torch.compile(model) if s["compile"] else model
+    if ddp:
+        train_model = DDP(train_model, device_ids=[local_rank] if device.type == "cuda" else None)
+    eval_model = train_model.module if ddp else train_model
+
+    def save():  # ckpt.pt: what a resume needs to go on exactly; rank 0 writes it
+        if master:
+            write_atomic(ckpt_path, {
+                "version": 2, "model": model.state_dict(), "train_config": dict(s),
+                "model_config": dataclasses.asdict(model.config), "meta": meta, "step": step,
+                "tokens_seen": tokens_seen, "best_val_loss": best_val_loss,
+                "rng": {"data": data_order.get_state(), "torch": torch.get_rng_state()}
+                | ({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {}),
+                "optimizer": optimizer.state_dict(),
+                "elapsed_s": elapsed_before + time.time() - t_start}
+                | ({"origin": origin} if origin else {})
+                | ({"scaler": scaler.state_dict()} if scaler.is_enabled() else {}))
+
+    stop = StopRequest()  # Ctrl-C or SIGTERM: finish the step, save, stop (main() undoes it)
+    norms, clipped = [], 0  # the gradient norms read since the last record, the clipped ones
+    t_start = t_line = time.time()
+    eval_s, steps_since_line = 0.0, 0
+    while True:
+        # evaluate, log and save every eval_interval steps and at the last
+        if (step % s["eval_interval"] == 0 or step == s["max_iters"]) and step != evaluated:
+            t_eval = time.time()
+            train_loss = estimate_loss(eval_model, train_data, train_starts, s, device, autocast)
+            val_loss = estimate_loss(eval_model, val_data, val_starts, s, device, autocast)
+            eval_s = time.time() - t_eval
+            if not (math.isfinite(val_loss + train_loss)
+                    and all(torch.isfinite(p).all() for p in model.parameters())):
+                return diverged(f"the val loss is {val_loss} at step {step}", ckpt_path, log)
+            best_val_loss = min(best_val_loss, val_loss)
+            record = {"step": step, "tokens": tokens_seen, "train_loss": train_loss,
+                      "val_loss": val_loss, "lr": get_lr(step, s),
+                      "grad_norm": sum(norms) / len(norms) if norms else None,
+                      "clip_fraction": clipped / len(norms) if norms and s["grad_clip"] else None,
+                      "elapsed_s": round(elapsed_before + time.time() - t_start, 3),
+                      "embedding": s["embedding"]}
+            if origin:
+                record["init_from"] = origin["checkpoint"]
+            norms, clipped = [], 0
+            if master:
+                with open(log_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+            # step 0's state is what the same command builds again: saved only if the run ends
+            # there, so that a run that fails in its first steps can be run again as it was
+            saved = step > 0 or step == s["max_iters"]
+            if saved:
+                save()
+            log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
+                f"{best_val_loss:.4f}), eval {eval_s:.1f} s" + (f", saved {ckpt_path}" if saved
+                                                                 else ""))
+            t_line = time.time()  # progress lines time the training steps only
+        if step >= s["max_iters"]:
+            return 0
+
+        # one optimizer step: accum * B windows, drawn for all processes together
+        lr = get_lr(step, s)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(len(train_data) - T, (accum * B,), generator=data_order).numpy()
+        for micro_step in range(local_accum):
+            first = (rank * local_accum + micro_step) * B
+            X, Y = get_batch(train_data, starts[first:first + B], T, device)
+            if ddp:  # average the gradients across processes at the last micro-step only
+                train_model.require_backward_grad_sync = micro_step == local_accum - 1
+            with autocast:
+                logits, loss = train_model(X, Y)
+                if s["z_loss"]:  # PaLM's z-loss: keeps log Z, the softmax's normaliser, near 0
+                    loss = loss + s["z_loss"] * logits.float().logsumexp(-1).pow(2).mean()
+                loss = loss / local_accum  # the step's gradient: the mean of its micro-steps'
+            scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"] or math.inf)
+        steps_since_line += 1
+
+        # a progress line every log_interval steps and at a stop: the device is read here only,
+        # before the optimizer step, so that a non-finite loss stops with the weights intact.
+        # DDP: each process may see Ctrl-C at another step, so they stop at progress lines only,
+        # if any of them was asked to (all_mean below)
+        line = (step + 1) % s["log_interval"] == 0 or (stop.requested and not ddp)
+        if line:
+            lossf = loss.item() * local_accum  # the last micro-step's loss, as nanoGPT's
+            normf = grad_norm.item()  # before clipping
+            stopping = stop.requested
+            if ddp:
+                lossf = all_mean(lossf, device)
+                stopping = all_mean(float(stopping), device) > 0
+            if not math.isfinite(lossf):
+                return diverged(f"the loss is {lossf} at step {step}", ckpt_path, log)
+            if not math.isfinite(normf) and not scaler.is_enabled():  # float16: a skipped step
+                return diverged(f"the gradient norm is {normf} at step {step}", ckpt_path, log)
+            if math.isfinite(normf):
+                norms.append(normf)
+                if s["grad_clip"] and normf > s["grad_clip"]:
+                    clipped += 1
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += tokens_per_step
+        if line:
+            step_s = (time.time() - t_line) / steps_since_line
+            evals_left = math.ceil(s["max_iters"] / s["eval_interval"]) - step // s["eval_interval"]
+            eta = int((s["max_iters"] - step) * step_s + evals_left * eval_s)
+            clip = (f" | clipped {100 * clipped / max(1, len(norms)):.0f}%" if s["grad_clip"]
+                    else "")
+            log(f"step {step}/{s['max_iters']} | loss {lossf:.4f} | lr {lr:.2e} | grad norm "
+                f"{normf:.3f}{clip} | {1000 * step_s:.0f} ms/step | "
+                f"{tokens_per_step / step_s:,.0f} tok/s | ETA {eta // 60}m{eta % 60:02d}s")
+            t_line, steps_since_line = time.time(), 0
+            if stopping:
+                save()
+                log(f"stopped at step {step}; saved {ckpt_path}. Continue with: python train.py "
+                    f"--out_dir={out_dir} --init_from=resume")
+                return 130
+
+
+# --------------------------------------------------------------------------------------------------
+# What the loop calls
+
+
+def get_lr(step, s):
+    """Linear warmup (lr > 0 at step 0), cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    decay_iters = s["lr_decay_iters"] or s["max_iters"]
+    if step < s["warmup_iters"]:
+        return s["learning_rate"] * (step + 1) / (s["warmup_iters"] + 1)
+    if step >= decay_iters:
+        return s["min_lr"]
+    progress = (step - s["warmup_iters"]) / max(1, decay_iters - s["warmup_iters"])
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return s["min_lr"] + cosine * (s["learning_rate"] - s["min_lr"])
+
+
+def get_batch(data, starts, block_size, device):
+    """Windows of a split at offsets starts -> inputs x, next-token targets y, (len(starts), T)."""
+    xy = torch.from_numpy(np.stack([data[i:i + block_size + 1] for i in starts]).astype(np.int64))
+    xy = xy.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else xy.to(device)
+    return xy[:, :-1], xy[:, 1:]
+
+
+@torch.no_grad()
+def estimate_loss(model, data, starts, s, device, autocast):
+    """Mean cross-entropy per target token of the model's logits over a split's fixed windows (each
+    process takes every world-th), the model in eval mode meanwhile. Computed here from the
+    logits, not taken from the model's loss: whatever term training adds, this stays the
+    cross-entropy (under the lean head, computed without holding all the logits)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    model.eval()
+    total, count, mine = 0.0, 0, starts[rank::world]
+    for i in range(0, len(mine), s["batch_size"]):
+        x, y = get_batch(data, mine[i:i + s["batch_size"]], s["block_size"], device)
+        with autocast:
+            logits, _ = model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1)
+        total += loss.item() * y.numel()
+        count += y.numel()
+    model.train()
+    if world > 1:
+        sums = torch.tensor([total, count], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        total, count = sums.tolist()
+    return total / count
+
+
+def all_mean(value, device):
+    """A number's mean over the DDP processes."""
+    total = torch.tensor(value, dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def diverged(what, ckpt_path, log):
+    kept = ("no checkpoint was written" if not os.path.exists(ckpt_path)
+            else f"{ckpt_path} keeps the last good state")
+    log(f"train.py: error: {what}; stopping without saving, {kept}. Lower learning_rate (or "
+        f"grad_clip), or use dtype=float32 or bfloat16", file=sys.stderr)
+    return 1
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM sets requested: the loop finishes its step, saves and stops. A second
+    Ctrl-C stops at once (KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.request)
+
+    def request(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# --------------------------------------------------------------------------------------------------
+# The setup's helpers: device, model parts, resume, the run's description
+
+
+def pick_device(name, dtype, ddp, local_rank):
+    """--device, --dtype -> (a torch.device, a dtype name): auto is cuda, else mps, else cpu; one
+    asked for must be here. dtype auto: bf16 on CUDA (float16 where it lacks bf16), else fp32."""
+    here = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": 1}
+    name = next(d for d in here if here[d]) if name == "auto" else name
+    if not here[name] or (ddp and name == "mps"):
+        raise ValueError(f"--device={name}: torch sees no such device here" if not here[name]
+                         else "DDP runs on cuda (nccl) or cpu (gloo), not mps; use --device=cpu")
+    device = torch.device(f"cuda:{local_rank}" if name == "cuda" and ddp else name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if dtype == "auto":
+        dtype = "float32" if device.type != "cuda" else (
+            "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+    return device, dtype
+
+
+def freeze(model, parts):
+    """--freeze: keep the named parts (embedding, backbone, head) fixed. The tied table is both the
+    embedding and the head: frozen if either is."""
+    frozen = set(filter(None, parts.split(",")))
+    head, embedding = {id(model.lm_head.weight)}, {id(p) for p in model.tok_emb.parameters()}
+    for p in model.parameters():
+        in_parts = {part for part, ids in (("embedding", embedding), ("head", head))
+                    if id(p) in ids}
+        if not in_parts:
+            in_parts = {"backbone"}
+        p.requires_grad_(not in_parts & frozen)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"freeze={parts} leaves nothing to train; freeze fewer parts")
+
+
+def restore_run(ckpt, source, data_order, device):
+    """A resume: its counters -> (step, tokens_seen, best_val_loss, elapsed_s), and its random
+    states put back (the data order, torch's, CUDA's)."""
+    try:  # a counter or an rng state missing, of another type (TypeError) or negative
+        step, tokens_seen, best_val_loss = ckpt["step"], ckpt["tokens_seen"], ckpt["best_val_loss"]
+        assert min(step, tokens_seen, best_val_loss) >= 0, "a counter is negative"
+        data_order.set_state(ckpt["rng"]["data"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and "cuda" in ckpt["rng"]:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    except (AssertionError, KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"{source}: its counters or random states (rng) are unusable ({e}); "
+                         f"it was edited or damaged") from None
+    return step, tokens_seen, best_val_loss, ckpt.get("elapsed_s", 0.0)
+
+
+def describe_run(s, meta, model, data_dir, train_data, val_data, n_windows, origin, device,
+                 dtype, world, resuming, step, ckpt_path):
+    """The lines a run starts with: its data, model, device and what it writes."""
+    sizes = ", ".join(f"{k} {v:,}" for k, v in model.param_report().items())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
+    lines = [f"data: {data_dir}, {meta['tokenizer']} tokens, vocab {meta['vocab_size']:,}, train "
+             f"{len(train_data):,}, val {len(val_data):,} tokens ({n_windows} eval windows)",
+             f"model: {s['embedding']}, parameters: {sizes}"
+             + (f", trainable {trainable:,} (frozen: {s['freeze']})" if s["freeze"] else "")]
+    if origin:
+        lines.append(f"fine-tuning {origin['checkpoint']} (step {origin['step']}, dataset "
+                     f"{origin['dataset']}) with a fresh optimizer and schedule")
+    lines.append(f"device {device}, dtype {dtype}, {world} process(es), {tokens_per_step:,} "
+                 f"tokens per step, " + (f"resuming at step {step}" if resuming
+                                         else f"writing {ckpt_path}"))
+    if resuming and s["max_iters"] > s["lr_decay_iters"]:
+        lines.append(f"note: the cosine decay ends at step {s['lr_decay_iters']} (kept from the "
+                     f"checkpoint), then lr stays at min_lr; pass --lr_decay_iters to change the "
+                     f"schedule")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Settings: config files and flags read and checked, a resume or fine-tune resolved
 
 def read_config(path):
     """A config file's (key, value, where) triples: `key = literal` lines, parsed, never run."""
@@ -165,8 +536,6 @@ def read_flag(arg):
 
 def set_setting(s, key, value, where):
     """Check a setting's name, type (an int is taken where a float is expected) and choice."""
-    if key in RETIRED:
-        raise ValueError(f"{where}: {key} was retired ({RETIRED[key]}); drop it")
     if key not in SETTINGS:
         close = difflib.get_close_matches(key, SETTINGS, n=1)
         hint = f"did you mean {close[0]}?" if close else "see python train.py --help"
@@ -282,7 +651,7 @@ def formatted_out_dir(s):
 
 
 # --------------------------------------------------------------------------------------------------
-# Data, checkpoints, the schedule and the optimizer (lab/ uses some of them too)
+# Data, checkpoints and files
 
 
 def load_data(folder):
@@ -398,329 +767,6 @@ def write_atomic(path, obj):
             raise OSError(f"could not write {path}: {reason}; the previous file, if any, is "
                           f"unchanged. Free disk space or use another --out_dir") from None
         raise
-
-
-def get_lr(step, s):
-    """Linear warmup (lr > 0 at step 0), cosine decay to min_lr at lr_decay_iters, then min_lr."""
-    decay_iters = s["lr_decay_iters"] or s["max_iters"]
-    if step < s["warmup_iters"]:
-        return s["learning_rate"] * (step + 1) / (s["warmup_iters"] + 1)
-    if step >= decay_iters:
-        return s["min_lr"]
-    progress = (step - s["warmup_iters"]) / max(1, decay_iters - s["warmup_iters"])
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return s["min_lr"] + cosine * (s["learning_rate"] - s["min_lr"])
-
-
-def make_optimizer(model, s, device_type):
-    """AdamW in two groups: weight decay on matrices and tables (dim >= 2), none on norms' gains
-    and biases (LEV's per-head LayerNorm ones are 2-D) nor on LEV's spline coefficients S: decay
-    pulls each factor towards 0, and so a 128-factor product much faster still."""
-    not_decayed = ("tok_emb.spline", "tok_emb.ln_weight", "tok_emb.ln_bias")
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:  # frozen parts (--freeze) are not trained
-            (decay if p.dim() >= 2 and name not in not_decayed else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": s["weight_decay"]},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=s["learning_rate"], betas=(s["beta1"], s["beta2"]),
-                             fused=device_type == "cuda")
-
-
-def get_batch(data, starts, block_size, device):
-    """Windows of a split at offsets starts -> inputs x, next-token targets y, (len(starts), T)."""
-    xy = torch.from_numpy(np.stack([data[i:i + block_size + 1] for i in starts]).astype(np.int64))
-    xy = xy.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else xy.to(device)
-    return xy[:, :-1], xy[:, 1:]
-
-
-@torch.no_grad()
-def estimate_loss(model, data, starts, s, device, autocast):
-    """Mean loss per target token over a split's fixed windows (each process takes every
-    world-th), the model in eval mode meanwhile."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    model.eval()
-    total, count, mine = 0.0, 0, starts[rank::world]
-    for i in range(0, len(mine), s["batch_size"]):
-        x, y = get_batch(data, mine[i:i + s["batch_size"]], s["block_size"], device)
-        with autocast:
-            _, loss = model(x, y)
-        total += loss.item() * y.numel()
-        count += y.numel()
-    model.train()
-    if world > 1:
-        sums = torch.tensor([total, count], dtype=torch.float64, device=device)
-        dist.all_reduce(sums)
-        total, count = sums.tolist()
-    return total / count
-
-
-# --------------------------------------------------------------------------------------------------
-# The run, top to bottom
-
-
-def train(s, explicit):
-    """One run -> its exit code: 0 done, 1 diverged (nothing saved), 130 stopped by Ctrl-C or
-    SIGTERM (saved)."""
-    s, ckpt, source = resolve(s, explicit)
-    resuming, out_dir = s["init_from"] == "resume", s["out_dir"]
-    ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
-    B, T, accum = s["batch_size"], s["block_size"], s["gradient_accumulation_steps"]
-    tokens_per_step = accum * B * T
-
-    # processes (torchrun sets RANK and WORLD_SIZE), device and dtype
-    ddp = "RANK" in os.environ
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
-    master, local_rank = rank == 0, int(os.environ.get("LOCAL_RANK", 0))
-    log = print if master else (lambda *args, **kwargs: None)
-    device = pick_device(s["device"], ddp, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    dtype = s["dtype"] if s["dtype"] != "auto" else "float32" if device.type != "cuda" else (
-        "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
-    autocast = (contextlib.nullcontext() if dtype == "float32"
-                else torch.autocast(device.type, dtype=getattr(torch, dtype)))
-    if accum % world:
-        raise ValueError(f"gradient_accumulation_steps={accum} must be divisible by the number "
-                         f"of processes ({world})")
-    local_accum = accum // world
-
-    # data: the splits, and fixed evaluation windows (as many of the train split as of val)
-    data_dir = os.path.join(s["data_dir"], s["dataset"])
-    meta, train_data, val_data = load_data(data_dir)
-    val_starts = eval_windows(len(val_data), T, s["eval_iters"] * B or None)
-    train_starts = eval_windows(len(train_data), T, len(val_starts))
-
-    # the model: resumed, fine-tuned from a checkpoint's, or new; the data order's own generator
-    data_order, origin = torch.Generator(), None
-    step, tokens_seen, best_val_loss, elapsed_before = 0, 0, math.inf, 0.0
-    if ckpt:
-        check_same_tokens(ckpt["meta"], meta, source, data_dir, "use data of the same tokens")
-    if resuming:
-        model = build_model(ckpt, source)
-        elapsed_before, origin = ckpt.get("elapsed_s", 0.0), ckpt.get("origin")
-        try:  # a counter or an rng state missing, of another type (TypeError) or negative
-            step, tokens_seen = ckpt["step"], ckpt["tokens_seen"]
-            best_val_loss = ckpt["best_val_loss"]
-            assert min(step, tokens_seen, best_val_loss) >= 0, "a counter is negative"
-            data_order.set_state(ckpt["rng"]["data"])
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            if device.type == "cuda" and "cuda" in ckpt["rng"]:
-                torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
-        except (AssertionError, KeyError, TypeError, RuntimeError) as e:
-            raise ValueError(f"{source}: its counters or random states (rng) are unusable ({e}); "
-                             f"it was edited or damaged") from None
-        if rank > 0:  # only rank 0's dropout stream is saved
-            torch.manual_seed(s["seed"] + rank + step)
-    else:
-        torch.manual_seed(s["seed"])  # the model's initialization
-        if ckpt:
-            ckpt["model_config"]["dropout"] = s["dropout"]
-            origin = {"checkpoint": source, "step": ckpt.get("step"), "embedding": s["embedding"],
-                      "dataset": ckpt["meta"].get("dataset")}
-            model = build_model(ckpt, source)
-        else:
-            model = GPT(Config(vocab_size=meta["vocab_size"], **{k: s[k] for k in MODEL}))
-        data_order.manual_seed(s["seed"] + DATA_SEED_OFFSET)
-        torch.manual_seed(s["seed"] + rank)  # dropout masks: a stream per process
-    frozen = set(filter(None, s["freeze"].split(",")))
-    head, embedding = {id(model.lm_head.weight)}, {id(p) for p in model.tok_emb.parameters()}
-    for p in model.parameters():  # the tied table is both the embedding and the head
-        parts = {part for part, ids in (("embedding", embedding), ("head", head)) if id(p) in ids}
-        p.requires_grad_(not (parts or {"backbone"}) & frozen)
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"freeze={s['freeze']} leaves nothing to train; freeze fewer parts")
-    model.to(device)
-    # the fast paths, each checked against leviathan.py as it stands: where LEV's differs (an
-    # edit), LEV's recipe runs compiled, else as written, each step aside said in one line
-    fast = FastEmbedder(s["lev_chunk"], s["lev_c_kernels"], s["lev_compile"])
-    lev = [fast] if s["lev_fast"] else []
-    if s["lev_compile"]:
-        lev.append(CompiledRecipe())
-    install_fast_paths(model, lev=lev, lean_head=s["lean_head"],
-                       say=lambda line: log(line, file=sys.stderr, flush=True))
-    optimizer = make_optimizer(model, s, device.type)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
-    if resuming:
-        try:
-            optimizer.load_state_dict(ckpt["optimizer"])
-            if "scaler" in ckpt:
-                scaler.load_state_dict(ckpt["scaler"])
-        except (KeyError, TypeError, ValueError, RuntimeError):
-            raise ValueError(f"{source}: its optimizer state does not fit this train.py's "
-                             f"parameter groups (another version wrote it); fine-tune from it "
-                             f"with a fresh optimizer: --init_from={source} and another "
-                             f"--out_dir") from None
-    del ckpt
-
-    # log.jsonl: a resume keeps the records up to its step, and does not evaluate that step again
-    records = read_log(log_path, step) if resuming else []
-    evaluated = step if any(r["step"] == step for r in records) else None
-    if ddp:  # joining waits for every process: all have read the log before it is rewritten
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    if master:
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot write in {out_dir} ({e.strerror}); train into a "
-                          f"folder you can write to (--out_dir)") from None
-        write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in records))
-    sizes = model.param_report()
-    log(f"data: {data_dir}, {meta['tokenizer']} tokens, vocab {meta['vocab_size']:,}, train "
-        f"{len(train_data):,}, val {len(val_data):,} tokens ({len(val_starts)} eval windows)")
-    log(f"model: {s['embedding']}, parameters: " + ", ".join(f"{k} {v:,}" for k, v in sizes.items())
-        + (f", trainable {sum(p.numel() for p in model.parameters() if p.requires_grad):,} "
-           f"(frozen: {s['freeze']})" if frozen else ""))
-    if origin:
-        log(f"fine-tuning {origin['checkpoint']} (step {origin['step']}, dataset "
-            f"{origin['dataset']}) with a fresh optimizer and schedule")
-    log(f"device {device}, dtype {dtype}, {world} process(es), {tokens_per_step:,} tokens per "
-        f"step, " + (f"resuming at step {step}" if resuming else f"writing {ckpt_path}"))
-    if resuming and s["max_iters"] > s["lr_decay_iters"]:
-        log(f"note: the cosine decay ends at step {s['lr_decay_iters']} (kept from the "
-            f"checkpoint), then lr stays at min_lr; pass --lr_decay_iters to change the schedule")
-
-    # torch.compile, then DDP; model stays the plain module (evaluation, checkpoints)
-    train_model = torch.compile(model) if s["compile"] else model
-    if ddp:
-        train_model = DDP(train_model, device_ids=[local_rank] if device.type == "cuda" else None)
-
-    def save():  # ckpt.pt: what a resume needs to go on exactly; rank 0 writes it
-        rng = {"data": data_order.get_state(), "torch": torch.get_rng_state()} | (
-            {"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})
-        if master:
-            write_atomic(ckpt_path, {
-                "version": 2, "model": model.state_dict(), "train_config": dict(s),
-                "model_config": dataclasses.asdict(model.config), "meta": meta, "step": step,
-                "tokens_seen": tokens_seen, "best_val_loss": best_val_loss, "rng": rng,
-                "elapsed_s": elapsed_before + time.time() - t_start,
-                "optimizer": optimizer.state_dict()} | ({"origin": origin} if origin else {})
-                | ({"scaler": scaler.state_dict()} if scaler.is_enabled() else {}))
-
-    def diverged(what):
-        kept = "no checkpoint was written" if not os.path.exists(ckpt_path) else (
-            f"{ckpt_path} keeps the last good state")
-        log(f"train.py: error: {what}; stopping without saving, {kept}. Lower learning_rate (or "
-            f"grad_clip), or use dtype=float32 or bfloat16", file=sys.stderr)
-        return 1
-
-    # Ctrl-C or SIGTERM from here on: the loop finishes its step, saves and stops (main() puts the
-    # handlers back); a second Ctrl-C stops at once
-    stop = []
-
-    def request_stop(signum, frame):
-        stop.append(signum)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, request_stop)
-    # the device is read only at progress lines, evaluations and saves (each a sync point on a GPU):
-    # in between, the gradient norms add up on the device, since the last record and line
-    grad_stats = torch.zeros(2, 3, device=device)  # the norms' sum, steps counted, steps clipped
-    t_start = t_line = time.time()
-    eval_s, steps_since_line = 0.0, 0
-    while True:
-        # evaluate, log and save every eval_interval steps and at the last
-        if (step % s["eval_interval"] == 0 or step == s["max_iters"]) and step != evaluated:
-            t_eval, eval_model = time.time(), train_model.module if ddp else train_model
-            train_loss = estimate_loss(eval_model, train_data, train_starts, s, device, autocast)
-            val_loss = estimate_loss(eval_model, val_data, val_starts, s, device, autocast)
-            eval_s = time.time() - t_eval
-            if not (math.isfinite(val_loss + train_loss)
-                    and all(torch.isfinite(p).all() for p in model.parameters())):
-                return diverged(f"the val loss is {val_loss} at step {step}")
-            best_val_loss = min(best_val_loss, val_loss)
-            norm_sum, counted, clipped = grad_stats[0].tolist()
-            grad_stats[0] = 0
-            record = {"step": step, "tokens": tokens_seen, "train_loss": train_loss,
-                      "val_loss": val_loss, "lr": get_lr(step, s),
-                      "grad_norm": norm_sum / counted if counted else None,
-                      "clip_fraction": clipped / counted if counted and s["grad_clip"] else None,
-                      "elapsed_s": round(elapsed_before + time.time() - t_start, 3),
-                      "embedding": s["embedding"]}
-            record |= {"init_from": origin["checkpoint"]} if origin else {}
-            if master:
-                with open(log_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record) + "\n")
-            # step 0's state is what the same command builds again: saved only if the run ends
-            # there, so that a run that fails in its first steps can be run again as it was
-            saved = step > 0 or step == s["max_iters"]
-            if saved:
-                save()
-            log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
-                f"{best_val_loss:.4f}), eval {eval_s:.1f} s" + (f", saved {ckpt_path}" * saved))
-            t_line = time.time()  # progress lines time the training steps only
-        if step >= s["max_iters"]:
-            return 0
-
-        # one optimizer step: accum * B windows, drawn for all processes together
-        lr = get_lr(step, s)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        starts = torch.randint(len(train_data) - T, (accum * B,), generator=data_order).numpy()
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(local_accum):
-            first = (rank * local_accum + micro) * B
-            x, y = get_batch(train_data, starts[first:first + B], T, device)
-            if ddp:  # average the gradients across processes after the last micro-step only
-                train_model.require_backward_grad_sync = micro == local_accum - 1
-            with autocast:
-                _, loss = train_model(x, y, z_loss=s["z_loss"])
-            loss_sum += loss.detach()
-            scaler.scale(loss / local_accum).backward()
-        scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"] or math.inf)
-        counted = torch.isfinite(grad_norm)  # float16: the GradScaler skips a step of inf grads
-        clipped = counted & (grad_norm > s["grad_clip"]) & (s["grad_clip"] > 0)
-        grad_stats += torch.stack([grad_norm.where(counted, 0), counted, clipped])
-        # a progress line reads the loss before the step: a non-finite one stops the run with the
-        # weights intact. DDP: the processes agree there on a stop request, in the all-reduce of
-        # the loss, so that all stop after the same step (no sync on the other steps)
-        steps_since_line += 1
-        line = (step + 1) % s["log_interval"] == 0 or (stop and not ddp)
-        if line:
-            shared = torch.stack([loss_sum / local_accum, torch.tensor(len(stop), device=device)])
-            if ddp:
-                dist.all_reduce(shared)
-            step_loss, stopping = (v / world for v in shared.tolist())
-            bad_norm = not scaler.is_enabled() and not math.isfinite(grad_norm.item())
-            if not math.isfinite(step_loss) or bad_norm:
-                what = (f"loss is {step_loss}" if not math.isfinite(step_loss)
-                        else f"gradient norm is {grad_norm.item()}")
-                return diverged(f"the {what} at step {step}")
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens_seen += tokens_per_step
-        if line:
-            step_s = (time.time() - t_line) / steps_since_line
-            evals_left = -(-s["max_iters"] // s["eval_interval"]) - step // s["eval_interval"]
-            eta = int((s["max_iters"] - step) * step_s + evals_left * eval_s)
-            _, counted, clipped = grad_stats[1].tolist()
-            grad_stats[1] = 0
-            log(f"step {step}/{s['max_iters']} | loss {step_loss:.4f} | lr {lr:.2e} | grad norm "
-                f"{grad_norm.item():.3f}" + (f" | clipped {100 * clipped / max(counted, 1):.0f}%"
-                                             if s["grad_clip"] else "")
-                + f" | {1000 * step_s:.0f} ms/step | {tokens_per_step / step_s:,.0f} tok/s | ETA "
-                f"{eta // 60}m{eta % 60:02d}s")
-            t_line, steps_since_line = time.time(), 0
-            if stopping:
-                save()
-                log(f"stopped at step {step}; saved {ckpt_path}. Continue with: python train.py "
-                    f"--out_dir={out_dir} --init_from=resume")
-                return 130
-
-
-def pick_device(name, ddp, local_rank):
-    """--device -> a torch.device: auto is cuda, else mps, else cpu; one asked for must be here."""
-    here = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": 1}
-    name = next(d for d in here if here[d]) if name == "auto" else name
-    if not here[name] or (ddp and name == "mps"):
-        raise ValueError(f"--device={name}: torch sees no such device here" if not here[name]
-                         else "DDP runs on cuda (nccl) or cpu (gloo), not mps; use --device=cpu")
-    return torch.device(f"cuda:{local_rank}" if name == "cuda" and ddp else name)
 
 
 def read_log(path, last_step):

@@ -19,7 +19,8 @@ dropout = 0.0
 
 # 300 steps of 16 x 128 = 2,048 tokens: 614k tokens, about 2 passes over the 302k training tokens
 # (the README's quick start says how long an arm takes). The cosine decay ends at max_iters
-# (lr_decay_iters left at 0), so that --max_iters=20 shortens the whole schedule.
+# (lr_decay_iters left at 0), so that --max_iters=20 shortens the decay; the 30 warmup steps stay
+# (a run of 20 steps never leaves them): shorten them too with --warmup_iters.
 batch_size = 16
 gradient_accumulation_steps = 1
 max_iters = 300

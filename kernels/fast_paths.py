@@ -2,9 +2,10 @@
 stands: what you edit is what runs.
 
 leviathan.py runs as written and leaves two hooks at None: LEV.fast_embed, LEV's spline product
-(fast_lev.py) or LEV's recipe compiled (compiled_lev.py), and GPT.fast_loss, the loss of the V-wide
-head without all the logits at once (lean_head.py, imported only where a script asks for it:
-sampling never does). They are settings of a run, not of the architecture.
+(fast_lev.py) or LEV's recipe compiled (compiled_lev.py), and GPT.fast_logits, the V-wide head's
+logits made only when used, their cross-entropy without all of them at once (lean_head.py,
+imported only where a script asks for it: sampling never does). They are settings of a run, not
+of the architecture.
 
 An edit of leviathan.py changes the plain code, which the fast paths re-implement. So each is
 checked when installed: a small probe (lev_outputs, loss_outputs) runs with the hook on and off (the
@@ -22,6 +23,7 @@ import functools
 import sys
 
 import torch
+import torch.nn.functional as F
 
 # largest relative difference (max |fast - plain| / max |plain|) that counts as float noise, by the
 # probe's dtype; docs/model.md has the measured noise (fp32: ~1e-6) and edits' sizes
@@ -29,11 +31,11 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
 LEV_PROBE_IDS = 9  # evenly spaced over [0, V): the first and the last id among them
 LOSS_PROBE = (2, 32)  # batch and (at most) sequence length of the loss's probe
 TRAINED_LOGITS = 32  # about the largest logit of a trained model; see trained_scale
-Z_LOSS_PROBE = 0.01  # the loss probe's z-loss weight: large enough that an edit of it shows
+TERM_PROBE = 0.01  # the weight of the loss probe's term on the logits, as a z-loss's
 PARTS = {  # hook -> (the fast path, the model's own code it replaces, what then runs as written)
     "lev": ("LEV's fast path (kernels/fast_lev.py)", "leviathan.py's LEV", "LEV"),
-    "loss": ("the lean head (kernels/lean_head.py)", "leviathan.py's loss (GPT.forward)",
-             "the loss"),
+    "loss": ("the lean head (kernels/lean_head.py)", "leviathan.py's head and loss (GPT.forward)",
+             "the head"),
 }
 say_on_stderr = functools.partial(print, file=sys.stderr, flush=True)
 
@@ -45,11 +47,11 @@ def install_fast_paths(model, lev=None, lean_head=False, check=True, say=say_on_
     loss from lean_head.py. check: check each against the model's own code, on its device: install
     where it runs, weights loaded (check=False keeps LEV's first and drops the rest)."""
     candidates = list(lev) if isinstance(lev, (list, tuple)) else [lev] if lev else []
-    model.fast_loss = None
+    model.fast_logits = None
     if lean_head:
-        from kernels.lean_head import lean_loss  # here: sampling never imports the lean head
+        from kernels.lean_head import LazyLogits  # here: sampling never imports the lean head
 
-        model.fast_loss = lean_loss
+        model.fast_logits = LazyLogits
     if model.config.embedding == "lev":
         model.tok_emb.fast_embed = candidates.pop(0) if candidates else None
     if check:
@@ -64,8 +66,8 @@ def check_fast_paths(model, say=say_on_stderr, then=()):
     found = {}
     if getattr(model.tok_emb, "fast_embed", None) is not None:
         found["lev"] = check_lev(model.tok_emb, say, then)
-    if model.fast_loss is not None:
-        found["loss"] = check(model, "fast_loss", "loss", loss_outputs, say)
+    if model.fast_logits is not None:
+        found["loss"] = check(model, "fast_logits", "loss", loss_outputs, say)
     return found
 
 
@@ -189,8 +191,9 @@ def lev_outputs(lev):
 
 
 def loss_outputs(model):
-    """The loss of one short batch: per token, without and with a z-loss, then the mean (and, in
-    training mode, the gradients of every trainable parameter), also with scale_weights."""
+    """One short batch's cross-entropy of the logits per token, then GPT.forward's loss alone and
+    with a term on the logits (as train.py's --z_loss), and in training mode the gradients of every
+    trainable parameter, also with scale_weights."""
     c = model.config
     B, T = LOSS_PROBE[0], min(LOSS_PROBE[1], c.block_size)
     ids = torch.randint(c.vocab_size, (B, T + 1), generator=torch.Generator().manual_seed(2))
@@ -198,14 +201,19 @@ def loss_outputs(model):
     ids = ids.to(next(model.parameters()).device)
     idx, targets = ids[:, :-1], ids[:, 1:].clone()
     targets[-1, -1] = -1  # an ignored target
-    with torch.no_grad():  # per token, without and with a z-loss
-        outputs = [model(idx, targets, reduction="none", z_loss=z)[1] for z in (0.0, Z_LOSS_PROBE)]
+    with torch.no_grad():
+        logits, _ = model(idx)
+        outputs = [F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=-1, reduction="none")]
     params = [p for p in model.parameters() if p.requires_grad] if model.training else []
     for factor in sorted({1, trained_scale(model, idx)}):
-        with scale_weights(model, factor), torch.set_grad_enabled(bool(params)):
-            loss = model(idx, targets)[1]
-            grads = torch.autograd.grad(loss, params, allow_unused=True) if params else []
-            outputs += [loss.detach(), tuple(g for g in grads if g is not None)]
+        for term in (0.0, TERM_PROBE):
+            with scale_weights(model, factor), torch.set_grad_enabled(bool(params)):
+                logits, loss = model(idx, targets)
+                if term:  # a loss term on the logits makes them: the plain head's gradients
+                    loss = loss + term * logits.float().logsumexp(-1).pow(2).mean()
+                grads = torch.autograd.grad(loss, params, allow_unused=True) if params else []
+                outputs += [loss.detach(), tuple(g for g in grads if g is not None)]
     return outputs
 
 
@@ -216,7 +224,7 @@ def trained_scale(model, idx):
     or of the logits shows, where flat attention and small logits hide it. No further: fp32's
     rounding of the logits grows with them."""
     with torch.no_grad():
-        largest = model(idx)[0].abs().max().item()  # the last position's logits
+        largest = model(idx)[0].abs().max().item()
     factor = 1
     while factor < 4 and largest * (2 * factor) ** 2 <= TRAINED_LOGITS:
         factor *= 2

@@ -1,12 +1,16 @@
-"""The memory-lean head (GPT.fast_loss): GPT.forward's loss a chunk of tokens at a time, never
-holding all the logits; tested equal to the plain head (F.cross_entropy of F.linear), values and
-gradients in float64 (tests/test_lean_head.py). For N tokens and a V-word vocabulary the plain head
-makes N x V logits, and autograd keeps them, their log-softmax and their gradient alive;
-linear_cross_entropy holds chunk x V logits at a time, with the same loss and gradients. The idea
-of Cut Cross-Entropy and of Liger's fused linear cross-entropy.
+"""The memory-lean head (GPT.fast_logits): logits made only when they are used, and whose
+cross-entropy is computed a chunk of tokens at a time, never holding all the logits; tested equal
+to the plain head (F.cross_entropy of F.linear), values and gradients in float64
+(tests/test_lean_head.py). For N tokens and a V-word vocabulary the plain head makes N x V logits,
+and autograd keeps them, their log-softmax and their gradient alive; linear_cross_entropy holds
+chunk x V logits at a time, with the same loss and gradients. The idea of Cut Cross-Entropy and of
+Liger's fused linear cross-entropy.
 """
 
+import inspect
+
 import torch
+import torch.nn.functional as F
 
 CHUNK_MIB = 256  # default size of one chunk's fp32 logits; see default_chunk_size
 
@@ -67,7 +71,7 @@ class Buffers:
         return z if self.low is None else self.low[:len(z)].copy_(z)
 
 
-def chunk_forward(buf, x_c, safe_c, valid_c, z_loss):
+def chunk_forward(buf, x_c, safe_c, valid_c):
     """One chunk's forward: x_c (n, D) -> lse (n,), loss (n,) (0 where not valid_c), and the softmax
     denominator (n, 1), leaving exp(z - max) in buf.z[:n]."""
     z = buf.logits(x_c)  # (n, V)
@@ -75,20 +79,14 @@ def chunk_forward(buf, x_c, safe_c, valid_c, z_loss):
     m = z.amax(dim=1, keepdim=True)  # (n, 1) subtracted before exp, so that exp cannot overflow
     denominator = z.sub_(m).exp_().sum(dim=1, keepdim=True)  # (n, 1)
     lse = (m + denominator.log()).squeeze(1)  # (n,)
-    loss = lse - target_logit if z_loss == 0 else lse - target_logit + z_loss * lse.square()
-    return lse, torch.where(valid_c, loss, 0.0), denominator
+    return lse, torch.where(valid_c, lse - target_logit, 0.0), denominator
 
 
-def chunk_backward(buf, probs, x_c, safe_c, scale_c, grad_x_c, grad_w, lse_c, z_loss):
+def chunk_backward(buf, probs, x_c, safe_c, scale_c, grad_x_c, grad_w):
     """One chunk's gradients from its softmax probs (n, V), overwritten:
-    g = scale_c * ((1 + 2 z_loss lse_c) probs - onehot(target)), grad_x_c[:] = g W and
-    grad_w += g^T x_c, each unless it is None. scale_c: (n, 1), 0 at ignored tokens."""
-    if z_loss == 0:
-        probs.scatter_add_(1, safe_c[:, None], -torch.ones_like(scale_c))  # - onehot(target)
-    else:  # d(z_loss lse^2)/dz = 2 z_loss lse probs: g = scale_c f (probs - onehot / f), one pass
-        f = 1 + 2 * z_loss * lse_c[:, None]  # (n, 1)
-        probs.scatter_add_(1, safe_c[:, None], -1 / f)
-        scale_c = scale_c * f
+    g = scale_c * (probs - onehot(target)), grad_x_c[:] = g W and grad_w += g^T x_c, each unless it
+    is None. scale_c: (n, 1), 0 at ignored tokens."""
+    probs.scatter_add_(1, safe_c[:, None], -torch.ones_like(scale_c))  # - onehot(target)
     g = buf.low_precision(probs.mul_(scale_c))  # (n, V) dL/dlogits, in the matmul's dtype
     if grad_x_c is not None:
         grad_x_c[:] = g @ buf.w  # (n, D)
@@ -102,8 +100,8 @@ class LinearCrossEntropy(torch.autograd.Function):
 
         z_i    = W x_i                          (V,)  logits, never all N rows at once
         lse_i  = log sum_v exp(z_iv)            the log-sum-exp, the only (N,) thing kept
-        loss_i = lse_i - z_{i,t_i} + c lse_i^2      (c: the z-loss's weight, 0 by default)
-        dloss_i/dz_i = (1 + 2 c lse_i) softmax(z_i) - onehot(t_i),  softmax(z_i) = exp(z_i - lse_i)
+        loss_i = lse_i - z_{i,t_i}
+        dloss_i/dz_i = softmax(z_i) - onehot(t_i),  softmax(z_i) = exp(z_i - lse_i)
 
     so with g_i = grad_i * dloss_i/dz_i (grad_i: the incoming gradient of loss_i): dL/dx_i = g_i W
     and dL/dW = sum_i g_i^T x_i. The exp, the log and g are in fp32 (fp64 for fp64 inputs) even
@@ -117,7 +115,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk, ignore_index, dtype, z_loss, mean):
+    def forward(ctx, x, weight, targets, chunk, ignore_index, dtype, mean):
         valid = targets != ignore_index  # (N,)
         safe = torch.where(valid, targets, 0)  # (N,) any real id where ignored: gather needs one
         acc_dtype = torch.promote_types(dtype, torch.float32)
@@ -135,13 +133,12 @@ class LinearCrossEntropy(torch.autograd.Function):
             for c in range(0, len(x), chunk):
                 at = slice(c, c + chunk)
                 x_c = x[at].to(dtype)  # (n, D)
-                lse[at], loss[at], denominator = chunk_forward(buf, x_c, safe[at], valid[at],
-                                                               z_loss)
+                lse[at], loss[at], denominator = chunk_forward(buf, x_c, safe[at], valid[at])
                 if mean:
                     probs = buf.z[:len(x_c)].div_(denominator)  # (n, V) softmax, from exp(z - max)
                     chunk_backward(buf, probs, x_c, safe[at], scale[at],
-                                   None if grad_x is None else grad_x[at], grad_w, lse[at], z_loss)
-        ctx.chunk, ctx.dtype, ctx.z_loss, ctx.mean = chunk, dtype, z_loss, mean
+                                   None if grad_x is None else grad_x[at], grad_w)
+        ctx.chunk, ctx.dtype, ctx.mean = chunk, dtype, mean
         if mean:
             ctx.save_for_backward(grad_x, None if grad_w is None else grad_w.to(weight.dtype))
             return loss.sum() / count  # 0 / 0 = NaN when every target is ignored
@@ -153,7 +150,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         if ctx.mean:  # in place: used once (a second backward through this graph raises, as usual)
             grad_x, grad_w = (None if g is None else g.mul_(grad_loss) for g in ctx.saved_tensors)
-            return grad_x, grad_w, None, None, None, None, None, None
+            return grad_x, grad_w, None, None, None, None, None
         x, weight, safe, valid, lse = ctx.saved_tensors
         # (N,) 0 at ignored tokens, even where grad_loss is inf or NaN
         scale = torch.where(valid, grad_loss, 0.0).to(lse.dtype)
@@ -167,27 +164,24 @@ class LinearCrossEntropy(torch.autograd.Function):
                 x_c = x[at].to(ctx.dtype)  # (n, D)
                 probs = buf.logits(x_c).sub_(lse[at, None]).exp_()  # (n, V) recomputed softmax
                 chunk_backward(buf, probs, x_c, safe[at], scale[at, None],
-                               None if grad_x is None else grad_x[at], grad_w, lse[at], ctx.z_loss)
+                               None if grad_x is None else grad_x[at], grad_w)
         return (grad_x, None if grad_w is None else grad_w.to(weight.dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None)
 
 
 # under a model-wide torch.compile it runs as it is (a graph break), like LEV: its chunk loop and
 # reused buffers are the point, and they are not what inductor would make of it
 @torch.compiler.disable
-def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean",
-                         z_loss=0.0):
+def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, reduction="mean"):
     """Cross-entropy of the head's logits x @ weight^T against targets, never holding all of them.
 
     x: (..., D) final hidden states, weight: (V, D) the head (tied to an embedding or not: gradients
     reach the Parameter through autograd as usual), targets: (...) ids, ignore_index where a token
     does not count. chunk_size: tokens per chunk (default: default_chunk_size(V)). reduction:
     "mean" over counted tokens (NaN when none counts, as F.cross_entropy), or "none": per-token
-    losses shaped like targets, 0 at ignored tokens. z_loss: the weight c of PaLM's z-loss,
-    c * lse^2 added to each counted token's loss (lse: its logits' log-sum-exp, which the chunks
-    compute anyway). The loss is fp32 (fp64 for fp64 inputs): GPT.forward's plain head's value and
-    gradients, F.cross_entropy(F.linear(x, weight).float(), targets, ...), autocast included, in
-    O(chunk_size x V) memory instead of O(N x V).
+    losses shaped like targets, 0 at ignored tokens. The loss is fp32 (fp64 for fp64 inputs): the
+    plain head's value and gradients, F.cross_entropy(F.linear(x, weight), targets, ...), autocast
+    included, in O(chunk_size x V) memory instead of O(N x V).
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction={reduction!r}: choose mean or none")
@@ -198,42 +192,104 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
     dtype = autocast_dtype(x, weight)
     mean = (reduction == "mean" and torch.is_grad_enabled()
             and (x.requires_grad or weight.requires_grad))
-    loss = LinearCrossEntropy.apply(x2, weight, t1, chunk, ignore_index, dtype, z_loss, mean)
+    loss = LinearCrossEntropy.apply(x2, weight, t1, chunk, ignore_index, dtype, mean)
     if mean or reduction == "none":
         return loss if mean else loss.view(targets.shape)
     return loss.sum() / (targets != ignore_index).sum()  # 0 / 0 = NaN when every target is ignored
 
 
-def refuse(*args, **kwargs):
-    raise ValueError(MESSAGE)
+class LazyLogits:
+    """GPT.fast_logits: the logits x @ W^T (..., V), made only when they are used.
+    F.cross_entropy of them, (N, V) against class ids (N,) (logits.view(-1, V) is still lazy), is
+    linear_cross_entropy: the same loss and gradients without ever holding all the logits. Any other
+    use (a method, an index, an operator, a torch function) makes them first, once, as the plain
+    head does: F.linear(x, W) under the autocast and grad mode of the forward that returned them.
+    Not a torch.Tensor: isinstance(logits, torch.Tensor) is False; logits.tensor() is one."""
 
+    def __init__(self, x, weight, autocast=None, grad=None):
+        self.x, self.weight = x, weight  # (..., D), (V, D)
+        self.shape = torch.Size((*x.shape[:-1], weight.shape[0]))
+        device = x.device.type
+        self.autocast = autocast or (device, torch.get_autocast_dtype(device),
+                                     torch.is_autocast_enabled(device))
+        self.grad = torch.is_grad_enabled() if grad is None else grad
+        self.made = None
 
-class NoLogits:
-    """What GPT.forward gives in place of the logits under the lean head, which never builds them
-    all: any use raises one line that says what to do (a bare None would raise a traceback about
-    NoneType, far from the cause). A method, an index, an operator, or a torch function
-    (torch.softmax(logits, -1), F.cross_entropy(logits, y): __torch_function__ is torch's hook)."""
+    def as_made(self):
+        """The forward's autocast and grad mode, for the matmul made now."""
+        device, dtype, enabled = self.autocast
+        return torch.autocast(device, dtype, enabled=enabled), torch.set_grad_enabled(self.grad)
 
-    __torch_function__ = classmethod(refuse)
-    __getitem__ = __iter__ = __len__ = __bool__ = __float__ = __int__ = __array__ = refuse
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __matmul__ = refuse
-    __truediv__ = __rtruediv__ = __pow__ = __neg__ = __lt__ = __le__ = __gt__ = __ge__ = refuse
+    def tensor(self):
+        """The logits as a tensor, made on first use."""
+        if self.made is None:
+            autocast, grad = self.as_made()
+            with autocast, grad:
+                self.made = F.linear(self.x, self.weight)
+        return self.made
 
-    def __getattr__(self, name):
-        if name.startswith("_"):  # Python's and torch's own lookups
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def view(self, *shape):
+        """Still lazy where the last dimension stays V (e.g. view(-1, V)); else made."""
+        shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        if self.made is not None or not shape or shape[-1] != self.shape[-1]:
+            return self.tensor().view(*shape)
+        x = self.x.view(*shape[:-1], self.x.shape[-1])
+        return LazyLogits(x, self.weight, self.autocast, self.grad)
+
+    reshape = view
+
+    def cross_entropy(self, target, ignore_index=-100, reduction="mean"):
+        autocast, _ = self.as_made()
+        with autocast:
+            return linear_cross_entropy(self.x, self.weight, target, ignore_index=ignore_index,
+                                        reduction=reduction)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is F.cross_entropy:  # (N, V) logits, (N,) class ids, no weight nor smoothing
+            call = CROSS_ENTROPY.bind(*args, **(kwargs or {}))
+            call.apply_defaults()
+            a = call.arguments
+            logits, target = a["input"], a["target"]
+            if (type(logits) is cls and len(logits.shape) == 2 and isinstance(target, torch.Tensor)
+                    and not target.is_floating_point() and target.shape == logits.shape[:1]
+                    and a["weight"] is None and a["size_average"] is None and a["reduce"] is None
+                    and a["label_smoothing"] == 0):
+                return logits.cross_entropy(target, a["ignore_index"], a["reduction"])
+        return func(*made(args), **made(kwargs or {}))
+
+    def __getattr__(self, name):  # a tensor method or attribute: on the logits, made
+        if name.startswith("__"):
             raise AttributeError(name)
-        raise ValueError(MESSAGE)
-
-    def __repr__(self):
-        return "NoLogits()"
+        return getattr(self.tensor(), name)
 
 
-MESSAGE = ("the lean head computes the loss without building the logits (training's default); for "
-           "a z-loss pass z_loss= to the model (train.py's --z_loss), or train with "
-           "--lean_head=False to get them (slower, more memory)")
-NO_LOGITS = NoLogits()
+CROSS_ENTROPY = inspect.signature(F.cross_entropy)
 
 
-def lean_loss(x, weight, targets, reduction="mean", z_loss=0.0):
-    """GPT.fast_loss: (NO_LOGITS, linear_cross_entropy's loss)."""
-    return NO_LOGITS, linear_cross_entropy(x, weight, targets, reduction=reduction, z_loss=z_loss)
+def made(value):
+    """value with the logits made wherever it holds a LazyLogits (also in a list, tuple or dict)."""
+    if type(value) is LazyLogits:
+        return value.tensor()
+    if isinstance(value, (list, tuple)):
+        return type(value)(made(v) for v in value)
+    if isinstance(value, dict):
+        return {k: made(v) for k, v in value.items()}
+    return value
+
+
+def made_first(name):
+    def method(self, *args):
+        return getattr(self.tensor(), name)(*args)
+    return method
+
+
+# Python looks operators up on the class, not through __getattr__: each makes the logits first
+for _name in ("__getitem__", "__iter__", "__len__", "__bool__", "__float__", "__array__",
+              "__repr__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__matmul__", "__truediv__", "__rtruediv__", "__pow__", "__neg__", "__lt__",
+              "__le__", "__gt__", "__ge__"):
+    setattr(LazyLogits, _name, made_first(_name))

@@ -30,6 +30,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import math
 import multiprocessing
 import os
 import resource
@@ -51,7 +52,6 @@ from lab.cli import atomic_path
 from lab.dataset import load_meta, load_split
 from lab.devices import resolve_device
 from leviathan import EMBEDDINGS, LEV, Config
-from train import make_optimizer
 
 ARMS_DEFAULT = ",".join(("tied", "untied", "lev"))
 
@@ -250,8 +250,8 @@ def build(arm, vocab_size, args, head="lean", lev_runs="fast", model_file=None):
     """A model with train.py's fast paths (or LEV's recipe compiled), and its optimizer."""
     model = new_model(arm, vocab_size, args, model_file)
     install(model, args, head, lev_runs)
-    settings = {"weight_decay": 0.1, "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95}
-    optimizer = make_optimizer(model, settings, args.device)
+    optimizer = torch.optim.AdamW(model.param_groups(0.1), lr=1e-3, betas=(0.9, 0.95),
+                                  fused=args.device == "cuda")  # as train.py
     return model, optimizer
 
 
@@ -410,7 +410,8 @@ def train_table(args, results):
                      "model_flops_per_token": flops, "gflop_per_s": flops * tokens / ms * 1e3 / 1e9}
         print(f"| {key} | {rep['input_embedding']:,} / {rep['backbone']:,} / {rep['head']:,} | "
               f"{ms:.0f} | {rows[key]['tokens_per_s']:,.0f} | {flops / 1e6:.1f} | "
-              f"{rows[key]['gflop_per_s']:.1f} | {mem:,.0f} | {ratio:.3f} |")
+              f"{rows[key]['gflop_per_s']:.1f} | {mem:,.0f} | "
+              f"{'-' if math.isnan(ratio) else f'{ratio:.3f}'} |")
     if args.device == "cuda":
         peak = 989e12  # H100/H200 dense bf16 tensor-core peak; other GPUs: scale by their own
         for arm, row in rows.items():
@@ -513,7 +514,7 @@ def gen_table(args, results):
                 prompt, k, 0.0, use_cache=kv)))
         if args.gen_compile:  # sample.py --compile: the same weights, the model compiled
             compiled = copy.copy(model)
-            compiled.compile()
+            compiled.next_logits = torch.compile(compiled.next_logits)
             variants.append((arm, True, "compiled", lambda k, m=compiled: m.generate(
                 prompt, k, 0.0)))
     seconds = [[] for _ in variants]

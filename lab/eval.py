@@ -86,8 +86,8 @@ def evaluate_tokens(model, tokens, batch_size, device):
     """Score every target of the split once: tokens (1-D array) -> (losses, targets), flat arrays.
 
     Windows are train.py's eval_windows(len(tokens), block_size) with no maximum: inputs
-    tokens[s:s+T], targets tokens[s+1:s+T+1]. Per-token losses are the model's own (GPT.forward,
-    reduction="none": the cross-entropy of fp32 logits)."""
+    tokens[s:s+T], targets tokens[s+1:s+T+1]. Per-token losses are the cross-entropy of the model's
+    logits (tasks.token_losses)."""
     T = model.config.block_size
     starts = eval_windows(len(tokens), T)  # raises a clear ValueError when the split is too short
     offsets = np.arange(T + 1)
@@ -97,7 +97,7 @@ def evaluate_tokens(model, tokens, batch_size, device):
         window = np.asarray(window, dtype=np.int64)
         x = torch.from_numpy(window[:, :-1]).to(device)
         y = torch.from_numpy(window[:, 1:]).to(device)
-        _, loss = model(x, y, reduction="none")  # (B, T)
+        _, loss = tasks.token_losses(model, x, y)  # (B, T)
         losses.append(loss.flatten().cpu().numpy())
         targets.append(window[:, 1:].reshape(-1))
     return np.concatenate(losses), np.concatenate(targets)
@@ -235,7 +235,7 @@ def lambada_eval(model, passages, batch_size, device):
             # the word's tokens, token j predicted from c and w[:j]
             y[r, len(c) - 1:len(seq) - 1] = torch.tensor(w)
         x, y = x.to(device), y.to(device)
-        logits, loss = model(x, y, reduction="none")  # loss 0 where y = -1
+        logits, loss = tasks.token_losses(model, x, y)  # loss 0 where y = -1
         is_word = y >= 0
         hit = (logits.argmax(-1) == y) | ~is_word
         correct += int(hit.all(dim=1).sum())

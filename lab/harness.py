@@ -61,6 +61,10 @@ def why_not_importable(e):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if cannot_import is not None and argv in ([], ["-h"], ["--help"]):  # the help, then what to do
+        print(__doc__.strip() + f"\n\nlm_eval's flags are listed once it can be imported: "
+              f"{why_not_importable(cannot_import)}")
+        return 0
     if cannot_import is not None:
         cli.fail("harness.py", why_not_importable(cannot_import))
     if not argv or argv in (["-h"], ["--help"]):

@@ -38,6 +38,7 @@ from collections import namedtuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from lab import cli
 
@@ -427,6 +428,16 @@ class NoContinuationTokens(ValueError):
     its own, and nothing can be scored (lm_eval's own models refuse it too)."""
 
 
+def token_losses(model, x, y):
+    """x, y: (B, T) -> (the model's logits (B, T, V), the cross-entropy of each target (B, T), 0
+    where y = -1): what train.py's val loss averages, whatever the model adds to its training loss.
+    Under the lean head the logits are made only if used (GPT.forward)."""
+    logits, _ = model(x)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1,
+                           reduction="none")
+    return logits, loss.view(y.shape)
+
+
 def encode_pair(tokenizer, context, continuation):
     """(context, continuation) -> (context ids, continuation ids), the harness's _encode_pair:
     trailing whitespace of the context moves into the continuation, and the continuation's ids are
@@ -542,7 +553,7 @@ def loglikelihoods(model, rows, batch_size, device):
     Each row is the last block_size + 1 tokens of context + continuation; rows of similar length
     share a forward pass, right-padded (causal attention: padding after a position cannot change
     it), with targets -1 except at the continuation's tokens. Log-probabilities are the model's own
-    per-token losses (GPT.forward, reduction="none": the cross-entropy of fp32 logits)."""
+    per-token losses (token_losses: the cross-entropy of its logits)."""
     T = model.config.block_size
     # cut from the left; the continuation stays whole
     seqs = [((c + w)[-(T + 1):], len(w)) for c, w in rows]
@@ -558,7 +569,7 @@ def loglikelihoods(model, rows, batch_size, device):
             # token j is predicted at j - 1
             y[r, len(seq) - 1 - n:len(seq) - 1] = torch.tensor(seq[-n:])
         # per-token losses: -log p of each target (0 where y = -1), and the logits of every position
-        logits, loss = model(x.to(device), y.to(device), reduction="none")  # (B, T, V), (B, T)
+        logits, loss = token_losses(model, x.to(device), y.to(device))  # (B, T, V), (B, T)
         ll[batch] = -loss.double().sum(1).cpu().numpy()
         misses = ((logits.argmax(-1).cpu() != y) & (y >= 0)).sum(1)
         greedy[batch] = (misses == 0).numpy()

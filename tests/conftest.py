@@ -266,9 +266,6 @@ def copy_project(folder, names):
 
 
 def adamw(model, learning_rate=3e-3, weight_decay=0.1):
-    """train.py's optimizer for a model (make_optimizer), with these settings."""
-    from train import make_optimizer
-
-    settings = {"learning_rate": learning_rate, "weight_decay": weight_decay, "beta1": 0.9,
-                "beta2": 0.95}
-    return make_optimizer(model, settings, next(model.parameters()).device.type)
+    """train.py's optimizer for a model, with these settings."""
+    return torch.optim.AdamW(model.param_groups(weight_decay), lr=learning_rate, betas=(0.9, 0.95),
+                             fused=next(model.parameters()).device.type == "cuda")

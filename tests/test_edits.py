@@ -49,16 +49,19 @@ EDITS = {
                           "        return 1.5 * self.norm(x)\n"),
     "embedding scaled": (set(), "            return self.tok_emb(idx)  # LEV checks",
                          "            return 2.0 * self.tok_emb(idx)  # LEV checks"),
-    "label smoothing": ({"loss"}, "ignore_index=-1, reduction=reduction)",
-                        "ignore_index=-1, reduction=reduction,\n"
-                        "                               label_smoothing=0.1)"),
-    "z-loss": ({"loss"}, "        return logits, loss.view(B, T) if reduction",
-               "        z = torch.logsumexp(wide, -1).square() * (targets.reshape(-1) != -1)\n"
-               "        loss = loss + 1e-4 * (z.sum() / (targets != -1).sum() if reduction == "
-               "'mean' else z)\n"
-               "        return logits, loss.view(B, T) if reduction"),
-    "logit soft-cap": (set(), "return self.lm_head(x[:, -1:, :]), None",
-                       "return 3 * torch.tanh(self.lm_head(x[:, -1:, :]) / 3), None"),
+    # the loss: the lean head follows what is written on the logits, and steps aside where the
+    # plain head's logits change
+    "label smoothing (followed)": (set(), "ignore_index=-1)\n        return logits, loss",
+                                   "ignore_index=-1, label_smoothing=0.1)\n"
+                                   "        return logits, loss"),
+    "z-loss (followed)": (set(), "        return logits, loss\n",
+                          "        z = torch.logsumexp(logits, -1).square().mean()\n"
+                          "        loss = loss + 1e-4 * z\n"
+                          "        return logits, loss\n"),
+    "logit soft-cap (followed)": (set(), "        if targets is None:\n",
+                                  "        logits = 3 * torch.tanh(logits / 3)\n"
+                                  "        if targets is None:\n"),
+    "head scaled": ({"loss"}, "logits = self.lm_head(x) if", "logits = 2 * self.lm_head(x) if"),
 }
 SCRIPTS = ["leviathan.py", "train.py", "sample.py", "prepare_data.py", "lab", "kernels"]
 
@@ -142,7 +145,7 @@ def test_bench_times_only_the_fast_paths_that_follow_an_edit(tmp_path):
 
 def installed(model):
     return {"lev": getattr(model.tok_emb, "fast_embed", None) is not None,
-            "loss": model.fast_loss is not None}
+            "loss": model.fast_logits is not None}
 
 
 @pytest.mark.parametrize("arm", ["lev", "tied", "untied"])
@@ -208,10 +211,10 @@ def test_the_check_changes_nothing():
 def test_a_probe_that_fails_falls_back_to_the_model_in_one_line():
     model = tiny_model("tied")
     install_fast_paths(model, check=False)
-    model.fast_loss = lambda *args, **kwargs: 1 / 0  # a fast path that breaks on this model
+    model.fast_logits = lambda *args, **kwargs: 1 / 0  # a fast path that breaks on this model
     lines = []
     found = check_fast_paths(model, say=lines.append)
-    assert isinstance(found["loss"], ZeroDivisionError) and model.fast_loss is None
+    assert isinstance(found["loss"], ZeroDivisionError) and model.fast_logits is None
     assert len(lines) == 1 and "could not be checked" in lines[0]
     assert "ZeroDivisionError" in lines[0]
     assert model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1] > 0

@@ -63,10 +63,10 @@ def test_training_with_fast_paths_gives_the_plain_models_losses(arm, kernels):
         pytest.skip("no C compiler for lev_kernels.c")
     plain, fast = plain_and_fast(arm, c_kernels=kernels == "c", lean_head=True)
     assert plain.tok_emb.fast_embed is None if arm == "lev" else True
-    assert plain.fast_loss is None and fast.fast_loss is not None
-    plain_losses, fast_losses = train_losses(plain, 6), train_losses(fast, 6)
+    assert plain.fast_logits is None and fast.fast_logits is not None
+    plain_losses, fast_logitses = train_losses(plain, 6), train_losses(fast, 6)
     assert plain_losses[-1] < plain_losses[0]  # it trains
-    assert fast_losses == pytest.approx(plain_losses, rel=0, abs=1e-6)
+    assert fast_logitses == pytest.approx(plain_losses, rel=0, abs=1e-6)
     for (name, p), q in zip(plain.named_parameters(), fast.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-9, msg=name)
 
@@ -87,7 +87,7 @@ def test_generation_with_fast_paths_gives_the_plain_models_tokens(arm, temperatu
 def test_install_fast_paths_can_turn_every_fast_path_off_again():
     plain, fast = plain_and_fast("lev", lean_head=True)
     install_fast_paths(fast, lev=None, lean_head=False)
-    assert fast.tok_emb.fast_embed is None and fast.fast_loss is None
+    assert fast.tok_emb.fast_embed is None and fast.fast_logits is None
     assert train_losses(fast, 2) == train_losses(plain, 2)  # exactly the same code now
 
 

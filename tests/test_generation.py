@@ -74,15 +74,15 @@ def test_generation_with_cache_equals_without(arm, prompt_len, sampling):
 
 
 def record_logits(model, record):
-    """Make each generation step of model append its last-position logits to record."""
-    forward = model.forward
+    """Make each generation step of model append its logits (GPT.next_logits) to record."""
+    next_logits = model.next_logits
 
-    def recorded_forward(idx, *args, **kwargs):
-        out = forward(idx, *args, **kwargs)
-        record.append(out[0].clone())
-        return out
+    def recorded(idx, *args, **kwargs):
+        logits = next_logits(idx, *args, **kwargs)
+        record.append(logits.clone())
+        return logits
 
-    model.forward = recorded_forward
+    model.next_logits = recorded
 
 
 @arms
@@ -102,7 +102,7 @@ def test_fast_generation_gives_the_plain_generations_logits_in_float64(arm, use_
     assert torch.equal(tokens["fast"], tokens["plain"])
     assert len(recorded["fast"]) == len(recorded["plain"]) == 30
     for step, (got, want) in enumerate(zip(recorded["fast"], recorded["plain"], strict=True)):
-        assert got.dtype == want.dtype == torch.float64 and got.shape == want.shape == (2, 1, V)
+        assert got.dtype == want.dtype == torch.float64 and got.shape == want.shape == (2, V)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12,
                                    msg=lambda m, s=step: f"step {s}: {m}")
 

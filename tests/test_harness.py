@@ -233,7 +233,7 @@ def test_loglikelihood_rolling_is_the_whole_text_loss(harness_results, world):
             targets = window[1:].clone()
             targets[:-(n % BLOCK)] = -1  # predicted in the windows before
             with torch.no_grad():
-                _, loss = model(window[None, :-1], targets[None], reduction="none")
+                _, loss = tasks.token_losses(model, window[None, :-1], targets[None])
             want -= loss.double().sum().item()
         assert logged["filtered_resps"][0] == pytest.approx(want, abs=1e-4)
     figures = results["results"]["local_text"]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from kernels import lean_head
 from kernels.fast_paths import install_fast_paths
-from kernels.lean_head import NO_LOGITS, default_chunk_size, linear_cross_entropy
+from kernels.lean_head import default_chunk_size, linear_cross_entropy
 from leviathan import GPT, Config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -110,25 +110,63 @@ def test_gradients_computed_in_forward_are_not_used_twice():
         loss.backward()
 
 
-def test_using_the_logits_the_lean_head_does_not_build_is_one_line():
-    """A loss term written on the logits in train.py (as in nanoGPT) meets NO_LOGITS: one line
-    that says what to do, not a traceback about None."""
-    model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16,
-                       embedding="tied"))
-    install_fast_paths(model, lean_head=True)
+def tiny_gpt(embedding="tied"):
+    torch.manual_seed(0)
+    return GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16,
+                      embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)).double()
+
+
+def test_the_lean_heads_logits_are_the_plain_heads_when_used():
+    """Every use of the logits the lean head returns (a method, an index, a torch function, an
+    operator) sees the plain head's logits, made once; F.cross_entropy of (N, V) is the lean loss
+    and makes none."""
+    model = tiny_gpt()
     idx = torch.randint(61, (2, 16))
-    logits, loss = model(idx, idx)
-    uses = [lambda: logits.logsumexp(-1), lambda: logits[:, -1], lambda: logits.float(),
-            # torch's functions and operators (through __torch_function__ and Python's operators)
-            lambda: torch.softmax(logits, -1), lambda: torch.logsumexp(logits, -1),
-            lambda: F.cross_entropy(logits, idx), lambda: F.log_softmax(logits, -1),
-            lambda: logits + 0, lambda: 1 - logits, lambda: torch.ones(61) * logits,
-            lambda: logits @ torch.ones(61), lambda: -logits, lambda: logits > 0,
-            lambda: torch.cat([logits]), lambda: float(logits), lambda: len(logits)]
+    plain, _ = model(idx)
+    install_fast_paths(model, lean_head=True)
+    uses = [lambda z: z.logsumexp(-1), lambda z: z[:, -1], lambda z: z.float(),
+            lambda z: torch.softmax(z, -1), lambda z: F.log_softmax(z, -1),
+            lambda z: z + 0, lambda z: 1 - z, lambda z: torch.ones(61).double() * z,
+            lambda z: z @ torch.ones(61).double(), lambda z: -z, lambda z: z > 0,
+            lambda z: torch.cat([z]), lambda z: z.reshape(2, 16 * 61)[1], lambda z: len(z),
+            lambda z: F.cross_entropy(z.transpose(1, 2), idx)]  # (B, V, T): made
     for use in uses:
-        with pytest.raises(ValueError, match="--z_loss") as refused:
-            use()
-        assert "\n" not in str(refused.value)
+        logits, _ = model(idx)
+        assert logits.made is None and logits.shape == plain.shape
+        got = use(logits)
+        assert logits.made is not None  # made, once
+        torch.testing.assert_close(got, use(plain), **F64)
+    logits, _ = model(idx)  # what the lean loss does not compute (label smoothing): made
+    flat = logits.view(-1, 61)
+    smoothed = F.cross_entropy(flat, idx.view(-1), label_smoothing=0.1)
+    assert flat.made is not None
+    torch.testing.assert_close(smoothed, F.cross_entropy(plain.view(-1, 61), idx.view(-1),
+                                                         label_smoothing=0.1), **F64)
+    logits, _ = model(idx)
+    per_token = F.cross_entropy(logits.view(-1, logits.size(-1)), idx.reshape(-1),
+                                reduction="none")
+    assert logits.made is None  # the lean loss: no logits made
+    torch.testing.assert_close(per_token, F.cross_entropy(plain.view(-1, 61), idx.view(-1),
+                                                          reduction="none"), **F64)
+
+
+@pytest.mark.parametrize("embedding", ["tied", "untied", "lev"])
+def test_a_loss_term_on_the_lean_heads_logits_has_the_plain_heads_gradients(embedding):
+    """A nanoGPT-style term written after the forward (train.py's --z_loss, or a reader's) trains
+    as with --lean_head=False: the loss and every parameter's gradient, float64."""
+    model = tiny_gpt(embedding)
+    idx, targets = torch.randint(61, (2, 16)), torch.randint(61, (2, 16))
+    results = []
+    for lean in (False, True):
+        install_fast_paths(model, lean_head=lean)
+        model.zero_grad(set_to_none=True)
+        logits, loss = model(idx, targets)
+        loss = loss + 1e-2 * logits.float().logsumexp(-1).pow(2).mean()
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-7)  # .float()
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, rtol=1e-6, atol=1e-7)
 
 
 def test_per_token_losses_keep_the_targets_shape():
@@ -193,23 +231,19 @@ def test_default_chunk_size_and_bad_arguments():
 
 
 @pytest.mark.parametrize("embedding", ["tied", "untied", "lev"])
-@pytest.mark.parametrize("reduction", ["mean", "none"])
-@pytest.mark.parametrize("z_loss", [0.0, 0.1])
-def test_gpt_forward_with_the_lean_head_equals_the_full_head(embedding, reduction, z_loss):
-    """The model's loss and every parameter's gradient, lean head on against off (float64), with
-    and without a z-loss."""
-    torch.manual_seed(0)
-    model = GPT(Config(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16,
-                       embedding=embedding, lev_seed_dim=16, lev_heads=2, lev_rank=8)).double()
+def test_gpt_forward_with_the_lean_head_equals_the_full_head(embedding):
+    """The model's loss and every parameter's gradient, lean head on against off (float64); the
+    lean head makes no logits."""
+    model = tiny_gpt(embedding)
     idx, targets = torch.randint(61, (2, 16)), torch.randint(61, (2, 16))
     targets[0, :3] = -1
     results = []
     for lean in (False, True):
         install_fast_paths(model, lean_head=lean)
         model.zero_grad(set_to_none=True)
-        logits, loss = model(idx, targets, reduction=reduction, z_loss=z_loss)
-        assert (logits is NO_LOGITS) == lean  # the lean head never makes all the logits
-        (loss.sum() if reduction == "none" else loss).backward()
+        logits, loss = model(idx, targets)
+        assert isinstance(logits, torch.Tensor) != lean and (not lean or logits.made is None)
+        loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     torch.testing.assert_close(results[1][0], results[0][0], **F64)
     for name, grad in results[0][1].items():

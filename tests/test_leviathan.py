@@ -61,9 +61,10 @@ def test_forward_shapes(arm):
     logits, loss = model(idx, targets)
     assert logits.shape == (3, 10, V) and loss.shape == () and loss.dtype == torch.float32
     logits, loss = model(idx)
-    assert logits.shape == (3, 1, V) and loss is None
-    # the last-position logits of the two calls agree
-    torch.testing.assert_close(logits[:, 0], model(idx, targets)[0][:, -1])
+    assert logits.shape == (3, 10, V) and loss is None
+    # the two calls' logits agree, and generation's next_logits are the last position's
+    torch.testing.assert_close(logits, model(idx, targets)[0])
+    torch.testing.assert_close(model.next_logits(idx), logits[:, -1])
 
 
 @arms
@@ -148,11 +149,11 @@ def test_tied_arm_shares_storage(arm):
 def test_a_fresh_model_runs_the_plain_code():
     """leviathan.py's hooks are None until install_fast_paths sets them."""
     model = tiny_model("lev")
-    assert model.tok_emb.fast_embed is None and model.fast_loss is None
+    assert model.tok_emb.fast_embed is None and model.fast_logits is None
     install_fast_paths(model, lev=FastEmbedder(), lean_head=True)
-    assert model.tok_emb.fast_embed is not None and model.fast_loss is not None
+    assert model.tok_emb.fast_embed is not None and model.fast_logits is not None
     install_fast_paths(model)
-    assert model.tok_emb.fast_embed is None and model.fast_loss is None
+    assert model.tok_emb.fast_embed is None and model.fast_logits is None
 
 
 @arms
@@ -220,18 +221,18 @@ def test_cached_logits_equal_full_forward(arm):
     with torch.no_grad():
         full, _ = model(idx, targets=idx)
         kv_cache = KVCache(model.config.n_layer, BLOCK)
-        logits, _ = model(idx[:, :5], kv_cache=kv_cache)
-        torch.testing.assert_close(logits[:, 0], full[:, 4], rtol=1e-5, atol=1e-5)
+        logits = model.next_logits(idx[:, :5], kv_cache)
+        torch.testing.assert_close(logits, full[:, 4], rtol=1e-5, atol=1e-5)
         for t in range(5, BLOCK):
-            logits, _ = model(idx[:, t:t + 1], kv_cache=kv_cache)
-            torch.testing.assert_close(logits[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+            logits = model.next_logits(idx[:, t:t + 1], kv_cache)
+            torch.testing.assert_close(logits, full[:, t], rtol=1e-5, atol=1e-5)
         assert kv_cache.pos == BLOCK
         with pytest.raises(ValueError, match="longer than block_size"):
-            model(idx[:, :1], kv_cache=kv_cache)
+            model.next_logits(idx[:, :1], kv_cache)
         kv_cache = KVCache(model.config.n_layer, BLOCK)
-        model(idx[:, :3], kv_cache=kv_cache)
+        model.next_logits(idx[:, :3], kv_cache)
         with pytest.raises(NotImplementedError):  # several tokens after a non-empty cache
-            model(idx[:, 3:5], kv_cache=kv_cache)
+            model.next_logits(idx[:, 3:5], kv_cache)
 
 
 @arms
@@ -449,7 +450,7 @@ def decay_groups(model, optimizer):
 
 
 @arms
-def test_make_optimizer_decays_matrices_only(arm):
+def test_param_groups_decay_matrices_only(arm):
     """train.py's optimizer: two groups, decay then no_decay."""
     model = tiny_model(arm)
     optimizer = adamw(model, learning_rate=3e-4)

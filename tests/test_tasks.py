@@ -437,9 +437,9 @@ def test_task_labels_tell_files_of_one_name_apart(tmp_path):
 
 
 class Bigram(torch.nn.Module):
-    """GPT's interface (config.block_size; forward(idx, targets, reduction="none") -> (logits of
-    every position, per-token losses, 0 where targets = -1)) with logits that depend only on the
-    current token: log p(next | prev) = log_softmax(table)[prev, next]."""
+    """GPT's interface (config.block_size; forward(idx) -> (logits of every position, None)) with
+    logits that depend only on the current token: log p(next | prev) = log_softmax(table)[prev,
+    next]."""
 
     def __init__(self, table, block_size):
         super().__init__()
@@ -447,14 +447,11 @@ class Bigram(torch.nn.Module):
         self.table = table
         self.inputs = []  # every batch it was fed
 
-    def forward(self, idx, targets=None, reduction="mean"):
-        assert targets is not None and reduction == "none"
+    def forward(self, idx, targets=None):
+        assert targets is None  # the per-token losses are tasks.token_losses'
         assert idx.shape[1] <= self.config.block_size
         self.inputs.append(idx.clone())
-        logits = self.table[idx]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1,
-                               reduction="none")
-        return logits, loss.view(targets.shape)
+        return self.table[idx], None
 
 
 def bigram_loglik(table, ids):
