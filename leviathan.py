@@ -235,14 +235,16 @@ class LEV(DigitCodebooks):
         return M.reshape(N, h * r) @ self.out_proj.reshape(h * r, self.n_embd)
 
     def recipe(self, ids):
-        """ids (N,) -> E (N, n_embd), every intermediate materialised, heads and seed dimensions
-        first (a small matmul each, a product over whole (N, r) planes: faster compiled loops than
-        ids first). No Python decides on values: torch.compile makes one graph (compiled_lev.py)."""
-        t = self.unit_coords(self.seed(ids)).permute(1, 2, 0)  # (h, d_seed, N)
-        w = bspline_basis(t, self.n_knots, self.normalize_basis)  # (h, d_seed, N, kappa)
-        phi = w @ self.spline  # (h, d_seed, N, r)
-        sign, log_abs = signed_log_product(phi, dim=1)  # (h, N, r)
-        return self.mix_heads((sign * log_abs.exp()).transpose(0, 1))
+        """ids (N,) -> E (N, n_embd), step by step as the class docstring writes it, every
+        intermediate materialised. No Python decides on values: torch.compile makes one graph of
+        it (kernels/compiled_lev.py)."""
+        z = self.seed(ids)  # (N, d_seed)
+        t = self.unit_coords(z)  # (N, h, d_seed)
+        w = bspline_basis(t, self.n_knots, self.normalize_basis)  # (N, h, d_seed, kappa)
+        phi = torch.einsum("nhdk,hdkr->nhdr", w, self.spline)  # (N, h, d_seed, r)
+        sign, log_abs = signed_log_product(phi, dim=2)  # (N, h, r)
+        M = sign * log_abs.exp()  # (N, h, r): each head's mode
+        return self.mix_heads(M)  # (N, n_embd)
 
     def reference(self, idx):
         """The recipe on a whole batch at once: idx (...) -> (..., n_embd)."""

@@ -31,8 +31,7 @@ EDITS = {
     "spline basis": ({"lev"}, "0.75 - delta ** 2", "0.9 - delta ** 2"),
     "basis at the ends": ({"lev"}, "w = w / w.sum(-1, keepdim=True) if normalize else w",
                           "w = w / w.sum(-1, keepdim=True).clamp(min=0.95) if normalize else w"),
-    "product": ({"lev"}, "return self.mix_heads((sign * log_abs.exp()).transpose(0, 1))",
-                "return self.mix_heads((sign * (0.5 * log_abs).exp()).transpose(0, 1))"),
+    "product": ({"lev"}, "M = sign * log_abs.exp()", "M = sign * (0.5 * log_abs).exp()"),
     "coordinates (followed)": (set(), "return torch.sigmoid(x / 2)", "return torch.sigmoid(x)"),
     # a block: the MLP, the attention, the rotary positions, a norm (no fast path repeats them)
     "MLP activation": (set(), "F.silu(self.gate(x))", "F.gelu(self.gate(x))"),

@@ -415,6 +415,12 @@ def test_without_lm_eval_one_line_says_how_to_install_it(tmp_path):
     assert result.returncode == 2
     assert result.stderr == ("harness.py: error: needs lm-evaluation-harness: pip install lm_eval "
                              "(tested with lm_eval 0.4.13)\n")
+    hide = hide.replace("'--tasks', 'hellaswag'", "'--help'")
+    result = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("Any lm-evaluation-harness task on a Leviathan run")
+    assert result.stdout.rstrip().endswith("needs lm-evaluation-harness: pip install lm_eval "
+                                           "(tested with lm_eval 0.4.13)")
 
 
 # --------------------------------------------------------------------------------------------------
