@@ -206,14 +206,15 @@ def loss_outputs(model):
         outputs = [F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
                                    ignore_index=-1, reduction="none")]
     params = [p for p in model.parameters() if p.requires_grad] if model.training else []
-    for factor in sorted({1, trained_scale(model, idx)}):
-        for term in (0.0, TERM_PROBE):
-            with scale_weights(model, factor), torch.set_grad_enabled(bool(params)):
-                logits, loss = model(idx, targets)
-                if term:  # a loss term on the logits makes them: the plain head's gradients
-                    loss = loss + term * logits.float().logsumexp(-1).pow(2).mean()
-                grads = torch.autograd.grad(loss, params, allow_unused=True) if params else []
-                outputs += [loss.detach(), tuple(g for g in grads if g is not None)]
+    # the loss alone, then with a term on the logits, at trained-like weights (two sets of
+    # gradients a side, each the size of the model: no more at V = 200k)
+    for factor, term in ((1, 0.0), (trained_scale(model, idx), TERM_PROBE)):
+        with scale_weights(model, factor), torch.set_grad_enabled(bool(params)):
+            logits, loss = model(idx, targets)
+            if term:  # a loss term on the logits makes them: the plain head's gradients
+                loss = loss + term * logits.float().logsumexp(-1).pow(2).mean()
+            grads = torch.autograd.grad(loss, params, allow_unused=True) if params else []
+            outputs += [loss.detach(), tuple(g for g in grads if g is not None)]
     return outputs
 
 
@@ -224,7 +225,7 @@ def trained_scale(model, idx):
     or of the logits shows, where flat attention and small logits hide it. No further: fp32's
     rounding of the logits grows with them."""
     with torch.no_grad():
-        largest = model(idx)[0].abs().max().item()
+        largest = model.next_logits(idx).abs().max().item()  # the last position's
     factor = 1
     while factor < 4 and largest * (2 * factor) ** 2 <= TRAINED_LOGITS:
         factor *= 2
