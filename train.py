@@ -666,8 +666,8 @@ def load_data(folder):
     try:
         with open(path, "rb") as f:
             meta = json.loads(f.read().decode("utf-8"))
-    except (ValueError, RecursionError, MemoryError) as e:  # a UnicodeDecodeError is a ValueError
-        raise ValueError(f"{path} is not valid JSON ({type(e).__name__}); {again}") from None
+    except (ValueError, RecursionError, MemoryError):  # a UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path} is not valid JSON, or not UTF-8; {again}") from None
     counts = ("vocab_size", "train_tokens", "val_tokens")
     well_formed = isinstance(meta, dict) and "tokenizer" in meta and all(
         type(meta.get(k)) is int and meta[k] >= 0 for k in counts)
@@ -728,7 +728,9 @@ def read_checkpoint(path, for_resume=False):
         raise ValueError(f"{path} is a checkpoint of format {version!r}, and this train.py reads "
                          f"format 2: train the run again, or use the leviathan version that wrote "
                          f"it")
-    tables = ["model", "model_config", "meta"] + ["train_config", "optimizer", "rng"] * for_resume
+    tables = ["model", "model_config", "meta"]
+    if for_resume:
+        tables += ["train_config", "optimizer", "rng"]
     if bad := [key for key in tables if not isinstance(ckpt.get(key), dict)]:  # counters: train()
         raise ValueError(f"{path}: {', '.join(bad)} missing or not a dict; it was edited or not "
                          f"written by train.py. Use an untouched checkpoint")

@@ -11,6 +11,7 @@ padded to a whole chunk.
 """
 
 import functools
+import math
 
 import torch
 
@@ -30,7 +31,8 @@ class CompiledRecipe:
         if self.compiled is None:
             self.compiled = torch.compile(run_recipe, dynamic=False)
         n = len(ids)
-        padded = torch.cat([ids, ids[-1:].expand(-n % lev.recipe_chunk)])
+        padding = math.ceil(n / lev.recipe_chunk) * lev.recipe_chunk - n
+        padded = torch.cat([ids, ids[-1:].expand(padding)])
         return lev.in_chunks(functools.partial(self.compiled, lev), padded)[:n]
 
 
