@@ -86,8 +86,8 @@ SETTINGS = {
     "beta1": (0.9, "AdamW beta1", within(0, 1)),
     "beta2": (0.95, "AdamW beta2", within(0, 1)),
     "grad_clip": (1.0, "clip the gradient norm to this; 0: no clipping", at_least(0)),
-    "z_loss": (0.0, "z_loss * (log Z)^2 per token added to training's loss (makes the logits)",
-               within(0, 1)),
+    "z_loss": (0.0, "z_loss * (log Z)^2 per token added to training's loss; it makes the logits "
+               "(with the lean head: a second pass of the head)", within(0, 1)),
     # evaluation and logging
     "eval_interval": (250, "evaluate, log and write ckpt.pt every this many steps", at_least(1)),
     "eval_iters": (20, "eval_iters * batch_size windows per split; 0: all of val", at_least(0)),
@@ -101,7 +101,6 @@ SETTINGS = {
 }
 CHOICES = {"embedding": EMBEDDINGS, "device": ("auto", "cpu", "cuda", "mps"),
            "dtype": ("auto", "float32", "bfloat16", "float16")}
-
 
 
 # --------------------------------------------------------------------------------------------------

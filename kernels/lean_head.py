@@ -215,35 +215,34 @@ class LazyLogits:
         self.grad = torch.is_grad_enabled() if grad is None else grad
         self.made = None
 
-    def as_made(self):
-        """The forward's autocast and grad mode, for the matmul made now."""
+    def forwards_autocast(self):
+        """The autocast of the forward that returned the logits, for the matmul made now."""
         device, dtype, enabled = self.autocast
-        return torch.autocast(device, dtype, enabled=enabled), torch.set_grad_enabled(self.grad)
+        return torch.autocast(device, dtype, enabled=enabled)
 
     def tensor(self):
-        """The logits as a tensor, made on first use."""
+        """The logits as a tensor, made on first use (in the forward's grad mode)."""
         if self.made is None:
-            autocast, grad = self.as_made()
-            with autocast, grad:
+            with self.forwards_autocast(), torch.set_grad_enabled(self.grad):
                 self.made = F.linear(self.x, self.weight)
         return self.made
 
     def size(self, dim=None):
         return self.shape if dim is None else self.shape[dim]
 
-    def view(self, *shape):
+    def view(self, *shape, how="view"):
         """Still lazy where the last dimension stays V (e.g. view(-1, V)); else made."""
         shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
         if self.made is not None or not shape or shape[-1] != self.shape[-1]:
-            return self.tensor().view(*shape)
-        x = self.x.view(*shape[:-1], self.x.shape[-1])
+            return getattr(self.tensor(), how)(*shape)
+        x = getattr(self.x, how)(*shape[:-1], self.x.shape[-1])
         return LazyLogits(x, self.weight, self.autocast, self.grad)
 
-    reshape = view
+    def reshape(self, *shape):
+        return self.view(*shape, how="reshape")
 
     def cross_entropy(self, target, ignore_index=-100, reduction="mean"):
-        autocast, _ = self.as_made()
-        with autocast:
+        with self.forwards_autocast():
             return linear_cross_entropy(self.x, self.weight, target, ignore_index=ignore_index,
                                         reduction=reduction)
 
@@ -257,7 +256,7 @@ class LazyLogits:
             if (type(logits) is cls and len(logits.shape) == 2 and isinstance(target, torch.Tensor)
                     and not target.is_floating_point() and target.shape == logits.shape[:1]
                     and a["weight"] is None and a["size_average"] is None and a["reduce"] is None
-                    and a["label_smoothing"] == 0):
+                    and a["label_smoothing"] == 0 and a["reduction"] in ("mean", "none")):
                 return logits.cross_entropy(target, a["ignore_index"], a["reduction"])
         return func(*made(args), **made(kwargs or {}))
 
@@ -291,5 +290,6 @@ def made_first(name):
 for _name in ("__getitem__", "__iter__", "__len__", "__bool__", "__float__", "__array__",
               "__repr__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
               "__matmul__", "__truediv__", "__rtruediv__", "__pow__", "__neg__", "__lt__",
-              "__le__", "__gt__", "__ge__"):
+              "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__abs__", "__rmatmul__",
+              "__floordiv__", "__mod__"):
     setattr(LazyLogits, _name, made_first(_name))

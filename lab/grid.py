@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as lab/x.py
 
 from lab import cli  # noqa: E402
@@ -96,12 +98,18 @@ def long_runs(args, width):
             for arm in ("tied", "lev")]
 
 
-def last_step(folder):
-    """The step of a run's last log.jsonl record with a checkpoint beside it, else None."""
-    if not os.path.isfile(os.path.join(folder, "ckpt.pt")):
+def last_step(folder, iters=None):
+    """The step of a run's checkpoint, None where it has none. iters: the run's length, which a
+    checkpoint of another length refuses (a grid of other --max_iters in the same --out)."""
+    path = os.path.join(folder, "ckpt.pt")
+    if not os.path.isfile(path):
         return None
-    with open(os.path.join(folder, "log.jsonl"), encoding="utf-8") as f:
-        return max((json.loads(line)["step"] for line in f if line.strip()), default=None)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    trained_for = ckpt["train_config"]["max_iters"]
+    if iters is not None and trained_for != iters:
+        raise ValueError(f"{folder} is a run of {trained_for} steps, not {iters}; give another "
+                         f"--out or the same steps")
+    return ckpt["step"]
 
 
 def train_command(args, width, arm, seed, folder, iters):
@@ -116,7 +124,7 @@ def train_command(args, width, arm, seed, folder, iters):
 
 def train_all(args, runs, iters):
     """Train every run not yet finished, args.jobs at a time -> the names of those that failed."""
-    todo = [r for r in runs if last_step(os.path.join(args.out, r[3])) != iters]
+    todo = [r for r in runs if last_step(os.path.join(args.out, r[3]), iters) != iters]
     print(f"{len(runs) - len(todo)} of {len(runs)} runs done; training {len(todo)}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.jobs))}
     running, failed = {}, []
@@ -149,14 +157,16 @@ def train_all(args, runs, iters):
 
 
 def score(args, runs):
-    """lab/eval.py on each finished (width, seed) group, tied first -> {(width, seed): its JSON}."""
+    """lab/eval.py on each (width, seed) group whose runs all finished, tied first -> {(width,
+    seed, long): its JSON}."""
     groups = {}
     for width, _, seed, name in runs:
         groups.setdefault((width, seed, "long" in name), []).append(os.path.join(args.out, name))
     scores = {}
     for (width, seed, long), dirs in groups.items():
-        if any(last_step(d) is None for d in dirs):
-            continue  # not trained yet
+        iters = args.long_iters if long else args.max_iters
+        if any(last_step(d, iters) != iters for d in dirs):
+            continue  # not trained to the end (yet, or it failed)
         path = os.path.join(args.out, "scores", f"w{width}{'-long' * long}-s{seed}.json")
         newest = max(os.path.getmtime(os.path.join(d, "ckpt.pt")) for d in dirs)
         if not os.path.isfile(path) or os.path.getmtime(path) < newest:

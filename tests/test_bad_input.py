@@ -114,7 +114,8 @@ def test_train_refuses_damaged_data(tmp_path, char_data, run_cli):
                          (meta.replace('"train_tokens": ', '"train_tokens": -'),
                           "train_tokens and val_tokens non-negative integers"),
                          ("[1, 2]", "needs a tokenizer"),
-                         ('{"tokenizer": ', "meta.json is not valid JSON, or not UTF-8; prepare it")]:
+                         ('{"tokenizer": ',
+                          "meta.json is not valid JSON, or not UTF-8; prepare it")]:
         meta_path.write_text(bad)
         code, _, err = train_cli(run_cli, char_data, tmp_path / "out", "--max_iters=1")
         assert_one_line(code, err, message, "train.py")
