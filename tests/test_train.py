@@ -655,3 +655,23 @@ def test_fine_tuning_onto_other_characters_of_the_same_count_says_they_differ(tm
     assert f"characters {''.join(sorted(set(text)))!r}, but" in err
     assert f"characters {''.join(sorted(set(swapped)))!r}" in err
     assert dropped in set(text) - set(swapped) and unused in set(swapped) - set(text)
+
+
+@pytest.mark.parametrize("arm", ["tied", "lev"])
+def test_compile_trains_as_eager_with_the_lean_heads_logits(tmp_path, char_data, capsys, arm,
+                                                            compiling):
+    """--compile: the whole model through torch.compile (really: conftest's compiling), the lean
+    head's LazyLogits included, gives the eager run's losses."""
+    from torch._dynamo.utils import counters
+
+    losses = {}
+    for flag in ("--compile=True", "--compile=False"):
+        code, out, err = run_train(capsys, char_data, tmp_path / flag, f"--embedding={arm}",
+                                   "--max_iters=3", "--eval_interval=3", flag)
+        assert code == 0, err
+        ckpt = torch.load(tmp_path / flag / "ckpt.pt", weights_only=True)
+        assert ckpt["train_config"]["compile"] == (flag == "--compile=True")
+        losses[flag] = [r["val_loss"] for r in read_log(tmp_path / flag)]
+        losses[flag] += [float(x) for x in re.findall(r"\| loss ([0-9.]+) \|", out)]
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo compiled the model
+    assert losses["--compile=True"] == pytest.approx(losses["--compile=False"], abs=1e-4)
