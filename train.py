@@ -197,7 +197,7 @@ def train(s, explicit):
                           f"folder you can write to (--out_dir)") from None
         write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in records))
     log(describe_run(s, meta, model, data_dir, train_data, val_data, len(val_starts), origin,
-                     device, dtype, world, resuming, step, ckpt_path))
+                     device, dtype, world, tokens_per_step, resuming, step, ckpt_path))
 
     # torch.compile, then DDP; model stays the plain module (evaluation, checkpoints)
     train_model = torch.compile(model) if s["compile"] else model
@@ -449,11 +449,10 @@ def restore_run(ckpt, source, data_order, device):
 
 
 def describe_run(s, meta, model, data_dir, train_data, val_data, n_windows, origin, device,
-                 dtype, world, resuming, step, ckpt_path):
+                 dtype, world, tokens_per_step, resuming, step, ckpt_path):
     """The lines a run starts with: its data, model, device and what it writes."""
     sizes = ", ".join(f"{k} {v:,}" for k, v in model.param_report().items())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    tokens_per_step = s["gradient_accumulation_steps"] * s["batch_size"] * s["block_size"]
     lines = [f"data: {data_dir}, {meta['tokenizer']} tokens, vocab {meta['vocab_size']:,}, train "
              f"{len(train_data):,}, val {len(val_data):,} tokens ({n_windows} eval windows)",
              f"model: {s['embedding']}, parameters: {sizes}"
@@ -616,12 +615,12 @@ def resolve(s, explicit):
             raise ValueError(f"out_dir={s['out_dir']} holds the checkpoint being fine-tuned "
                              f"({path}); fine-tune into another --out_dir (--overwrite cannot "
                              f"replace a run that is being read)")
+        if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
+            raise ValueError(f"out_dir={s['out_dir']} is a file, not a folder; give another path")
         if os.path.exists(os.path.join(s["out_dir"], "ckpt.pt")) and not s["overwrite"]:
             raise ValueError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
                              f"--init_from=resume, train into another --out_dir, or pass "
                              f"--overwrite to replace it")
-    if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
-        raise ValueError(f"out_dir={s['out_dir']} is a file, not a folder; give another path")
     return s, ckpt, path
 
 
