@@ -190,13 +190,25 @@ def figures(scores):
         tied = s["arms"][0]
         for arm in s["arms"]:
             cell = cells.setdefault((width, arm["embedding"], long), {
-                "loss": [], "gap": [], "rare_gap": [], "fewer": [],
+                "loss": [], "gap": [], "rare_gap": [], "fewer": [], "overfit": [], "minutes": [],
                 "params": arm["params"]["total"], "tokens": arm["tokens_seen"]})
             cell["loss"].append(arm["val_loss"])
+            overfit, minutes = last_evaluation(arm["dir"])
+            cell["overfit"].append(overfit)
+            cell["minutes"].append(minutes)
             cell["gap"].append(100 * math.expm1(arm["val_loss"] - tied["val_loss"]))
             cell["rare_gap"].append(100 * math.expm1(rare_loss(arm) - rare_loss(tied)))
             cell["fewer"].append(arm["token_efficiency"]["fewer_tokens"])
     return cells
+
+
+def last_evaluation(folder):
+    """A run's log at its last evaluation -> (val loss - train loss, on as many windows of each
+    split: how far it has begun to fit its training text rather than the language; the minutes
+    it trained, its resumes added up)."""
+    with open(os.path.join(folder, "log.jsonl"), encoding="utf-8") as f:
+        last = [r for r in map(json.loads, f) if r.get("val_loss") is not None][-1]
+    return last["val_loss"] - last["train_loss"], last["elapsed_s"] / 60
 
 
 def rare_loss(arm):
@@ -216,13 +228,15 @@ def spread(values, spec=".2f"):
 
 def table(cells):
     lines = ["| n_embd | arm | params | tokens/param | seeds | val loss | ppl vs tied (%) | "
-             "rare-token ppl vs tied (%) | tokens to tied's loss, x fewer |",
-             "|---:|---|---:|---:|---:|---|---|---|---|"]
+             "rare-token ppl vs tied (%) | tokens to tied's loss, x fewer | val - train loss | "
+             "minutes |",
+             "|---:|---|---:|---:|---:|---|---|---|---|---|---|"]
     for (width, arm, long), c in cells.items():
         lines.append(f"| {width}{' long' * long} | {arm} | {c['params']:,} | "
                      f"{c['tokens'] / c['params']:.3f} | {len(c['loss'])} | "
                      f"{spread(c['loss'], '.4f')} | {spread(c['gap'])} | "
-                     f"{spread(c['rare_gap'])} | {spread(c['fewer'])} |")
+                     f"{spread(c['rare_gap'])} | {spread(c['fewer'])} | "
+                     f"{spread(c['overfit'], '.3f')} | {spread(c['minutes'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
 

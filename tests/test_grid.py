@@ -79,3 +79,12 @@ def test_bad_flags_are_one_line(tmp_path, char_data, run_cli, flag, message):
     code, _, err = run_grid(run_cli, tmp_path / "grid", char_data, flag)
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert not os.path.exists(tmp_path / "grid" / "grid.md")
+
+
+def test_last_evaluation_reads_the_gap_and_minutes_of_the_last_evaluated_step(tmp_path):
+    records = [{"step": 0, "train_loss": 9.0, "val_loss": 9.1, "elapsed_s": 3.0},
+               {"step": 5, "train_loss": 4.0, "val_loss": 4.5, "elapsed_s": 90.0},
+               {"step": 6, "train_loss": 3.9, "val_loss": None, "elapsed_s": 99.0}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    gap, minutes = grid.last_evaluation(str(tmp_path))
+    assert gap == pytest.approx(0.5) and minutes == pytest.approx(1.5)
