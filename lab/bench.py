@@ -385,8 +385,8 @@ def train_table(args, results):
         models[key] = build(arm, vocab_size, args, *rest)  # (model, optimizer)
         built_in[key] = time.perf_counter() - start  # with the fast paths' check (and compiling)
     if args.compile:
-        # the models share GPT.forward's code: dynamo keeps one compiled entry per model and, past
-        # its limit (8), would silently run the rest eager under a "compiled" label
+        # the models share GPT.forward's code: dynamo keeps an entry per model (more where grad mode
+        # or shapes differ) and, past its limit (8), silently runs the rest eager as "compiled"
         torch._dynamo.config.cache_size_limit = max(8, 4 * len(models))
     steppers = {key: (torch.compile(m) if args.compile else m, opt)
                 for key, (m, opt) in models.items()}
