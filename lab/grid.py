@@ -241,7 +241,8 @@ def table(cells):
 
 
 def plot(cells, path):
-    """The perplexity gap to tied against width, one line per arm (its mean), each seed a point."""
+    """The perplexity gap to tied against width, one line per arm (its mean), each seed a point;
+    the long runs' seeds as crosses (their gap is to the long tied runs)."""
     try:
         import matplotlib
 
@@ -257,6 +258,9 @@ def plot(cells, path):
                        marker="o", label=arm)[0]
         for w, c in mine:
             ax.scatter([w] * len(c["gap"]), c["gap"], color=line.get_color(), s=12, alpha=0.5)
+        for w, c in ((w, c) for (w, a, long), c in cells.items() if a == arm and long):
+            ax.scatter([w] * len(c["gap"]), c["gap"], color=line.get_color(), marker="x",
+                       label=f"{arm}, long runs (each seed)")
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xlabel("n_embd")
     ax.set_ylabel("val perplexity against tied (%)")
