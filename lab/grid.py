@@ -258,9 +258,10 @@ def plot(cells, path):
                        marker="o", label=arm)[0]
         for w, c in mine:
             ax.scatter([w] * len(c["gap"]), c["gap"], color=line.get_color(), s=12, alpha=0.5)
-        for w, c in ((w, c) for (w, a, long), c in cells.items() if a == arm and long):
-            ax.scatter([w] * len(c["gap"]), c["gap"], color=line.get_color(), marker="x",
-                       label=f"{arm}, long runs (each seed)")
+        for (w, a, long), c in cells.items():
+            if a == arm and long:
+                ax.scatter([w] * len(c["gap"]), c["gap"], color=line.get_color(), marker="x",
+                           label=f"{arm}, long runs (each seed)")
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xlabel("n_embd")
     ax.set_ylabel("val perplexity against tied (%)")
