@@ -51,6 +51,13 @@ class Config:
     n_layer: int = setting(6, "Transformer blocks")
     n_head: int = setting(6, "attention heads per block")
     n_embd: int = setting(384, "model width")
+    # what a pretrained LLaMA-style model sets otherwise (lab/from_gguf.py); the defaults are ours
+    n_kv_head: int = setting(0, "key/value heads per block, each shared by n_head / n_kv_head "
+                                "query heads (grouped-query attention); 0: n_head")
+    rope_theta: float = setting(10000.0, "rotary positions' base: pair i of a head turns by "
+                                         "pos * theta^(-2i/head_size)")
+    mlp_hidden: int = setting(0, "SwiGLU's hidden width; 0: 8/3 n_embd rounded up to 64 "
+                                 "(LLaMA's)")
     dropout: float = setting(0.0, "dropout probability")
     embedding: str = setting("lev", "lev (Leviathan: LEV input + untied head), tied or untied "
                                     "(baselines), digits or factorized (compact inputs + "
@@ -85,6 +92,15 @@ class Config:
                      "lev_seed_dim", "lev_heads", "lev_knots", "lev_rank"):
             value = getattr(self, name)
             need(type(value) is int and value >= 1, f"{name}={value!r} must be a positive integer")
+        for name in ("n_kv_head", "mlp_hidden"):
+            value = getattr(self, name)
+            need(type(value) is int and value >= 0, f"{name}={value!r} must be an integer >= 0 "
+                 f"(0: the default)")
+        need(self.n_head % (self.n_kv_head or self.n_head) == 0,
+             f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head}")
+        theta = self.rope_theta
+        need(isinstance(theta, float | int) and not isinstance(theta, bool) and math.isfinite(theta)
+             and theta > 1, f"rope_theta={theta!r} must be a finite number > 1")
         need(type(self.factorized_dim) is int and self.factorized_dim >= 0,
              f"factorized_dim={self.factorized_dim!r} must be an integer >= 0 (0: LEV's size)")
         need(type(self.lev_normalize_basis) is bool,
@@ -347,19 +363,19 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
 
 
-def rotary_tables(head_size, length, theta=10000.0):
-    """The tables of apply_rotary, each (length, 1, 1, head_size): shaped to broadcast over the
-    (B, T, 2, nh, hs) queries and keys that Attention rotates together. With the angles
+def rotary_tables(head_size, length, theta):
+    """The tables of apply_rotary, each (length, 1, head_size): shaped to broadcast over the
+    (B, T, nh + nkv, hs) queries and keys that Attention rotates together. With the angles
     a_i = pos * theta^(-2i/head_size), i < head_size/2:
         cos = [cos a, cos a],  sin = [-sin a, sin a]."""
     inv_freq = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq).view(length, 1, 1, -1)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq).view(length, 1, -1)
     cos, sin = angles.cos(), angles.sin()
     return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate the pairs (x1, x2) = (x[..., :hs/2], x[..., hs/2:]) of x: (B, T, 2, nh, hs) by their
+    """Rotate the pairs (x1, x2) = (x[..., :hs/2], x[..., hs/2:]) of x: (B, T, heads, hs) by their
     positions' angles: (x1 cos a - x2 sin a, x2 cos a + x1 sin a), written as x * cos + the halves
     swapped * sin with rotary_tables' signs (4 operations: decoding pays a few microseconds per
     operation, whatever its size)."""
@@ -377,8 +393,8 @@ class KVCache:
         self.pos = 0  # tokens already in the cache; the position of the next token
 
     def update(self, layer, k, v):
-        """Store k, v: (B, nh, T, hs) at positions pos..pos+T-1 -> all keys and values so far,
-        (B, nh, pos+T, hs)."""
+        """Store k, v: (B, nkv, T, hs) at positions pos..pos+T-1 -> all keys and values so far,
+        (B, nkv, pos+T, hs)."""
         if self.k[layer] is None:
             shape = (*k.shape[:2], self.block_size, k.shape[3])
             self.k[layer], self.v[layer] = k.new_empty(shape), v.new_empty(shape)
@@ -389,24 +405,33 @@ class KVCache:
 
 
 class Attention(nn.Module):
+    """Causal self-attention with n_head query heads and n_kv_head key/value heads, each key/value
+    head shared by n_head / n_kv_head query heads (grouped-query attention; n_kv_head = n_head is
+    the usual multi-head attention)."""
+
     def __init__(self, config, layer):
         super().__init__()
-        self.n_head, self.layer, self.dropout = config.n_head, layer, config.dropout
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
+        self.head_size = config.n_embd // config.n_head
+        self.layer, self.dropout = layer, config.dropout
+        qkv_size = (self.n_head + 2 * self.n_kv_head) * self.head_size  # queries, keys, values
+        self.qkv = nn.Linear(config.n_embd, qkv_size, bias=False)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x, cos, sin, kv_cache=None):
         B, T, C = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head)
+        nh, nkv = self.n_head, self.n_kv_head
+        qkv = self.qkv(x).view(B, T, nh + 2 * nkv, self.head_size)
         # queries and keys rotated together: one pass over both (decoding runs ~100 small ops per
         # token, and each op costs microseconds of overhead whatever its size)
-        q, k = apply_rotary(qkv[:, :, :2], cos, sin).permute(2, 0, 3, 1, 4)  # 2 x (B, nh, T, hs)
-        v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, T, hs)
+        qk = apply_rotary(qkv[:, :, :nh + nkv], cos, sin).transpose(1, 2)  # (B, nh + nkv, T, hs)
+        q, k = qk[:, :nh], qk[:, nh:]  # (B, nh, T, hs), (B, nkv, T, hs)
+        v = qkv[:, :, nh + nkv:].transpose(1, 2)  # (B, nkv, T, hs)
         if kv_cache is not None:
-            k, v = kv_cache.update(self.layer, k, v)  # (B, nh, T_past + T, hs)
+            k, v = kv_cache.update(self.layer, k, v)  # (B, nkv, T_past + T, hs)
         # T tokens into an empty cache: causal; one token after a past: it attends to all of it
         # (GPT.backbone refuses several tokens after a past, which would need an offset mask)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=nkv != nh,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads
         return F.dropout(self.proj(y), self.dropout, self.training)
@@ -415,7 +440,8 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, config):
         super().__init__()
-        hidden = 64 * math.ceil(8 * config.n_embd / 3 / 64)  # LLaMA: 2/3 of 4*n_embd, rounded up
+        # LLaMA's default: 2/3 of 4*n_embd, rounded up to a multiple of 64
+        hidden = config.mlp_hidden or 64 * math.ceil(8 * config.n_embd / 3 / 64)
         self.gate = nn.Linear(config.n_embd, hidden, bias=False)
         self.up = nn.Linear(config.n_embd, hidden, bias=False)
         self.down = nn.Linear(hidden, config.n_embd, bias=False)
@@ -452,7 +478,7 @@ class GPT(nn.Module):
         self.norm = RMSNorm(c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)  # hidden state -> logits
         self.fast_logits = None  # hook: a run's memory-lean head (kernels/lean_head.py)
-        cos, sin = rotary_tables(c.n_embd // c.n_head, c.block_size)
+        cos, sin = rotary_tables(c.n_embd // c.n_head, c.block_size, c.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         # init as GPT-2/nanoGPT: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)

@@ -6,16 +6,19 @@ val, write data/NAME/{train,val}.bin + meta.json.
     python prepare_data.py shakespeare_char               # the same text, one token per character
     python prepare_data.py shakespeare --input=input.txt  # offline: a local copy, sha256-checked
     python prepare_data.py mytext --input=my.txt --tokenizer=o200k_base  # any UTF-8 text file
+    python prepare_data.py mytext --input=my.txt --tokenizer=out-smollm2  # a converted model's BPE
 
 The split is nanoGPT's: the first 90% of the characters to train, the rest to val, each part
 tokenized on its own. The text is read whole into memory (Tiny Shakespeare: 1 MB); corpora (a
 directory, a glob, .jsonl, Parquet, .gz) and texts bigger than memory go to `python
 lab/prepare_corpus.py NAME --input=PATH`, which streams them (one text file: the same files).
 train.bin and val.bin hold the token ids, flat, uint16 (uint32 past 65,536 ids); meta.json's keys
-are described in docs/data.md. numpy and tiktoken only: no torch, nothing else of the project.
+are described in docs/data.md. numpy and tiktoken only (torch only to read a run's tokenizer),
+nothing else of the project.
 """
 
 import argparse
+import base64
 import contextlib
 import hashlib
 import json
@@ -80,11 +83,15 @@ def read_text(name, path, sha256=None):
 
 
 def load_tokenizer(name):
-    """"char", or tiktoken's encoding `name` (downloaded once into TIKTOKEN_CACHE_DIR, if set)."""
+    """"char", tiktoken's encoding `name` (downloaded once into TIKTOKEN_CACHE_DIR, if set), or a
+    run folder's BPE: its checkpoint's {"tokenizer", "bpe"} (a converted model's, lab/from_gguf.py).
+    """
+    if os.path.isdir(name):
+        return run_tokenizer(name)
     names = tiktoken.list_encoding_names()
     if name != "char" and name not in names:
-        raise ValueError(f"unknown tokenizer {name!r}; use char or a tiktoken encoding: "
-                         f"{', '.join(names)}")
+        raise ValueError(f"unknown tokenizer {name!r}; use char, a tiktoken encoding ("
+                         f"{', '.join(names)}) or a run folder whose model has its own BPE")
     try:
         return name if name == "char" else tiktoken.get_encoding(name)
     except Exception as e:  # offline with nothing cached, a corrupt cache file, ...
@@ -92,11 +99,49 @@ def load_tokenizer(name):
                          f"offline, set TIKTOKEN_CACHE_DIR to a folder that holds it") from None
 
 
+def run_tokenizer(folder):
+    """A run folder -> its tokenizer's entries of meta ("tokenizer", "bpe", its "chat" format if
+    any), read from ckpt.pt
+    (torch imported here only: memory-mapped, the weights are not read) or a dataset's meta.json."""
+    ckpt, meta_json = os.path.join(folder, "ckpt.pt"), os.path.join(folder, "meta.json")
+    if os.path.isfile(ckpt):
+        import torch
+
+        try:
+            meta = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)["meta"]
+        except Exception:  # not a checkpoint, damaged, no meta, ...
+            meta = None
+    elif os.path.isfile(meta_json):
+        with open(meta_json, "rb") as f:
+            meta = json.loads(f.read())
+    else:
+        raise ValueError(f"--tokenizer={folder} is a folder without ckpt.pt or meta.json; give a "
+                         f"run folder, a prepared dataset, or a tokenizer's name")
+    if not isinstance(meta, dict) or not isinstance(meta.get("bpe"), dict):
+        raise ValueError(f"--tokenizer={folder}: its checkpoint or meta.json keeps no BPE of its "
+                         f"own; name its tokenizer instead (e.g. gpt2), or give a run converted "
+                         f"by lab/from_gguf.py")
+    return {k: meta[k] for k in ("tokenizer", "bpe", "chat") if k in meta}
+
+
+def bpe_encoding(meta):
+    """A BPE kept in a meta dict (meta["bpe"]: each id's bytes in base64, None for a special
+    token; the pre-tokenizer's pattern; the special tokens) -> its tiktoken encoding, each token
+    ranked by its id."""
+    bpe = meta["bpe"]
+    ranks = {base64.b64decode(t): i for i, t in enumerate(bpe["tokens"]) if t is not None}
+    return tiktoken.Encoding(meta["tokenizer"], pat_str=bpe["pattern"], mergeable_ranks=ranks,
+                             special_tokens=bpe["special_tokens"])
+
+
 def prepare(path, tokenizer, out_dir, dataset, source, sha256=None):
-    """Tokenize the text file at path into out_dir -> meta. tokenizer: "char", or a tiktoken
-    Encoding or its name; special tokens (<|endoftext|>) are encoded as text."""
+    """Tokenize the text file at path into out_dir -> meta. tokenizer: "char", a tiktoken Encoding
+    or its name, or a run folder's BPE (run_tokenizer); special tokens (<|endoftext|>) are encoded
+    as text."""
     text, record = read_text(dataset, path, sha256)  # first: a bad input says so, offline too
     tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    bpe = tokenizer if isinstance(tokenizer, dict) else None
+    tokenizer = bpe_encoding(bpe) if bpe else tokenizer
     print(f"length of dataset in characters: {len(text):,}")
     if tokenizer == "char":
         chars = "".join(sorted(set(text)))
@@ -114,7 +159,8 @@ def prepare(path, tokenizer, out_dir, dataset, source, sha256=None):
                              f"a split needs at least 2 (one input and its target); use more text")
     meta = {"dataset": dataset, "tokenizer": name, "vocab_size": vocab_size, "dtype": dtype.name,
             "train_tokens": len(splits["train"]), "val_tokens": len(splits["val"]),
-            **({"chars": chars} if name == "char" else {}), "source": source,
+            **({"chars": chars} if name == "char" else {}),
+            **({k: bpe[k] for k in bpe if k != "tokenizer"} if bpe else {}), "source": source,
             "split": {"by": "characters", "train_fraction": TRAIN_FRACTION}, "inputs": [record],
             "eot_token": None, "train_documents": 1, "val_documents": 1}  # as a corpus has them
     os.makedirs(out_dir, exist_ok=True)
@@ -163,7 +209,8 @@ def main(argv=None):
     parser.add_argument("--input", metavar="FILE", help="a UTF-8 text file (for a named "
                         "dataset: a local copy of its file, sha256-checked)")
     parser.add_argument("--tokenizer", metavar="NAME", help="char, gpt2 or any tiktoken "
-                        "encoding, e.g. o200k_base (default: the named dataset's, else gpt2)")
+                        "encoding, e.g. o200k_base, or a run folder whose model has its own BPE "
+                        "(default: the named dataset's, else gpt2)")
     parser.add_argument("--data_dir", default="data", metavar="DIR",
                         help="folder that holds the datasets (default: data)")
     args = parser.parse_args(argv)

@@ -3,11 +3,14 @@
     python sample.py --out_dir=out-shakespeare-cpu-lev --start="ROMEO:" --num_samples=3
     python sample.py --out_dir=out --start=FILE:prompt.txt --temperature=0  # greedy
     python sample.py --out_dir=out --plain  # leviathan.py exactly as written, no fast path
+    python sample.py --out_dir=out-smollm2 --chat --start="Who wrote Hamlet?"  # lab/from_gguf.py
 
-The tokenizer is the checkpoint's (characters or a tiktoken encoding). Defaults are nanoGPT's.
+The tokenizer is the checkpoint's (characters, a tiktoken encoding, or a converted model's own
+BPE). Defaults are nanoGPT's.
 """
 
 import argparse
+import base64
 import codecs
 import signal
 import sys
@@ -41,6 +44,8 @@ def main(argv=None):
     add("--temperature", type=float, default=0.8, help="1: the model's distribution, 0: greedy")
     add("--top_k", type=int, default=200, help="sample among the k likeliest tokens only")
     add("--top_p", type=float, help="nucleus: among the likeliest tokens whose probability is p")
+    add("--chat", action="store_true", help="the prompt is a user's turn in the model's chat "
+        "format (a converted Instruct model), the reply ends with the turn")
     add("--seed", type=int, default=1337, help="random seed: the same seed, the same samples")
     add("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     add("--compile", action="store_true", help="torch.compile the model (slow to start)")
@@ -96,12 +101,26 @@ def main(argv=None):
             fail(f"cannot encode the prompt: {missing!r} not in the checkpoint's vocabulary")
         ids, utf8, n_vocab = [*map(chars.index, prompt)], lambda i: chars[i].encode(), len(chars)
     else:
-        try:  # tiktoken downloads an encoding once, into TIKTOKEN_CACHE_DIR where it is set
-            enc = tiktoken.get_encoding(meta.get("tokenizer"))
-        except Exception as e:  # an unknown name; offline, an encoding never downloaded
-            fail(f"cannot load {path}'s tokenizer {meta.get('tokenizer')!r} ({str(e)[:150]}); "
-                 f"connect once, or set TIKTOKEN_CACHE_DIR to a folder that holds it")
+        if bpe := meta.get("bpe"):  # a converted model's own BPE (lab/from_gguf.py), ranked by id
+            ranks = {base64.b64decode(t): i for i, t in enumerate(bpe["tokens"]) if t is not None}
+            enc = tiktoken.Encoding(meta["tokenizer"], pat_str=bpe["pattern"],
+                                    mergeable_ranks=ranks, special_tokens=bpe["special_tokens"])
+        else:
+            try:  # tiktoken downloads an encoding once, into TIKTOKEN_CACHE_DIR where it is set
+                enc = tiktoken.get_encoding(meta.get("tokenizer"))
+            except Exception as e:  # an unknown name; offline, an encoding never downloaded
+                fail(f"cannot load {path}'s tokenizer {meta.get('tokenizer')!r} ({str(e)[:150]}); "
+                     f"connect once, or set TIKTOKEN_CACHE_DIR to a folder that holds it")
         ids, utf8, n_vocab = enc.encode_ordinary(prompt), enc.decode_single_token_bytes, enc.n_vocab
+    stop = None  # --chat: the token that ends the model's turn
+    if args.chat:  # the turn's markers are special tokens, the message is text
+        if not meta.get("chat"):
+            fail(f"{path}'s model has no chat format; drop --chat (a model converted from an "
+                 f"Instruct GGUF file has one)")
+        head, tail = meta["chat"]["prompt"].split("{message}")
+        ids = [*enc.encode(head, allowed_special="all"), *ids,
+               *enc.encode(tail, allowed_special="all")]
+        stop, prompt = enc.encode_single_token(meta["chat"]["stop"]), ""  # the reply is printed
     if n_vocab != V:
         fail(f"{path} is inconsistent: its tokenizer has {n_vocab} tokens, its model {V}; use an "
              f"untouched checkpoint written by train.py")
@@ -120,7 +139,7 @@ def main(argv=None):
 
     # -- sample, each token printed as it comes --
     torch.manual_seed(args.seed)  # every device's generator
-    texts, started = [], []
+    texts, started, counts = [], [], []  # counts: tokens generated per sample
     with torch.autocast(device, torch.bfloat16, enabled=device == "cuda"):  # as nanoGPT
         for _ in range(args.num_samples):
             started.append(time.perf_counter())
@@ -132,17 +151,21 @@ def main(argv=None):
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # cut characters
             text = prompt
             print(prompt, end="")
+            counts.append(0)
             for t in tokens:
+                counts[-1] += 1
+                if int(t) == stop:
+                    break
                 piece = decoder.decode(utf8(int(t)))
                 print(piece, end="", flush=True)  # a person watches the text appear
                 text += piece
             rest = decoder.decode(b"", final=True)  # the bytes of a character never completed
             print(f"{rest}\n{SEPARATOR}")
             texts.append(text + rest)
-    done, n, each = time.perf_counter(), args.num_samples * args.max_new_tokens, args.max_new_tokens
+    done, n = time.perf_counter(), sum(counts)
     rate = f"{n} tokens in {done - started[0]:.2f} s = {n / (done - started[0]):.1f} tokens/s"
     if len(started) > 1:  # without the first sample, which also warms up (and compiles)
-        rate += f" ({(n - each) / (done - started[1]):.1f} tokens/s after the first sample)"
+        rate += f" ({(n - counts[0]) / (done - started[1]):.1f} tokens/s after the first sample)"
     arm = model.config.embedding
     fast = f"none ({arm} arm)" if arm != "lev" else "on" if model.tok_emb.fast_embed else "off"
     print(f"sample.py: {rate}; kv_cache={'off' if args.no_kv_cache else 'on'}, device={device}, "

@@ -703,7 +703,7 @@ def check_same_tokens(meta, data_meta, path, data_dir, advice):
     said = [f"{m.get('tokenizer')} tokens (vocab_size {m.get('vocab_size')})" + (
         f", characters {''.join(sorted(m['chars']))!r}" if m.get("chars") else "")
         for m in (meta, data_meta)]
-    if any(meta.get(k) != data_meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
+    if any(meta.get(k) != data_meta.get(k) for k in ("tokenizer", "vocab_size", "chars", "bpe")):
         other = "the same characters with other ids" if said[0] == said[1] else said[1]
         raise ValueError(f"{path} was trained on {said[0]}, but {data_dir} has {other}; {advice}")
 

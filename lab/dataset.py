@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from lab.cli import parse_json
-from prepare_data import DATASETS
+from prepare_data import DATASETS, bpe_encoding
 
 UINT16_VOCAB = 65536  # ids 0..65535 fit in uint16
 
@@ -99,8 +99,8 @@ def get_tokenizer(meta, encoding=None):
     if meta["tokenizer"] == "char":
         tok = CharTokenizer(meta["chars"])
     else:
-        if encoding is None:
-            encoding = load_encoding(meta["tokenizer"])
+        if encoding is None:  # a converted model's own BPE, or tiktoken's by name
+            encoding = bpe_encoding(meta) if "bpe" in meta else load_encoding(meta["tokenizer"])
         tok = TiktokenTokenizer(encoding)
     if tok.vocab_size != meta["vocab_size"]:
         raise ValueError(f"dataset {meta.get('dataset')!r} has vocab_size {meta['vocab_size']} but "

@@ -36,8 +36,8 @@ EDITS = {
     # a block: the MLP, the attention, the rotary positions, a norm (no fast path repeats them)
     "MLP activation": (set(), "F.silu(self.gate(x))", "F.gelu(self.gate(x))"),
     "attention sharpened": (set(),
-                            "        v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, T, hs)\n",
-                            "        v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, T, hs)\n"
+                            "        v = qkv[:, :, nh + nkv:].transpose(1, 2)  # (B, nkv, T, hs)\n",
+                            "        v = qkv[:, :, nh + nkv:].transpose(1, 2)  # (B, nkv, T, hs)\n"
                             "        q = 2.0 * q\n"),
     "rotary the other way": (set(), "return (x * cos + x.roll(",
                              "return (x * cos - x.roll("),
