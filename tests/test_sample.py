@@ -321,3 +321,14 @@ def test_sampling_loads_neither_the_lean_head_nor_the_lab(char_ckpt):
     assert "fast_paths=on" in done.stderr  # LEV's fast path was installed, and checked
     assert not {m for m in loaded if m == "kernels.lean_head" or m.split(".")[0] in
                 {"lab"}}
+
+
+def test_bfloat16_samples_under_autocast_and_says_so(char_ckpt, capsys):
+    """--dtype=bfloat16 on CPU: the matmuls in bf16 (greedy tokens may differ from fp32's, so only
+    that it runs and reports its dtype is checked); --chat without a chat format is refused."""
+    texts = run(char_ckpt, "--start=ROMEO:", "--num_samples=1", "--max_new_tokens=8",
+                "--temperature=0", "--dtype=bfloat16")
+    assert len(texts[0]) == len("ROMEO:") + 8 and "dtype=bfloat16" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run(char_ckpt, "--chat", "--start=Hi", "--max_new_tokens=2")
+    assert "has no chat format; drop --chat" in capsys.readouterr().err
