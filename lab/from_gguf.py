@@ -71,8 +71,8 @@ def read_gguf(path):
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # not GGUF, truncated (numpy's memmap runs past the end), ...
-        raise ValueError(f"{path} is not a readable GGUF file ({cli.one_line(e)[:150]}); it may be "
-                         f"truncated: download or install it again") from None
+        raise ValueError(f"{path} is not a readable GGUF file ({cli.one_line(e)[:150]}); give a "
+                         f".gguf file, or get it again if it was cut short") from None
 
 
 def field(reader, key, default=None):
