@@ -101,8 +101,8 @@ def load_tokenizer(name):
 
 def run_tokenizer(folder):
     """A run folder -> its tokenizer's entries of meta ("tokenizer", "bpe", its "chat" format if
-    any), read from ckpt.pt
-    (torch imported here only: memory-mapped, the weights are not read) or a dataset's meta.json."""
+    any), read from its ckpt.pt (torch imported here only; memory-mapped, so the weights are not
+    read) or from a prepared dataset's meta.json."""
     ckpt, meta_json = os.path.join(folder, "ckpt.pt"), os.path.join(folder, "meta.json")
     if os.path.isfile(ckpt):
         import torch
