@@ -116,8 +116,8 @@ def unpermute(w, n_head):
 
 
 def state_dict(reader, config):
-    """The file's tensors, dequantized to float32 -> leviathan's state_dict (and whether the file
-    has its own output matrix: an untied head)."""
+    """The file's tensors, dequantized to float32 -> leviathan's state_dict, with "lm_head.weight"
+    only where the file has its own output matrix (an untied head)."""
     import gguf
 
     tensors = {}
