@@ -20,6 +20,7 @@ nothing else of the project.
 import argparse
 import base64
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -146,6 +147,9 @@ def prepare(path, tokenizer, out_dir, dataset, source, sha256=None):
     if tokenizer == "char":
         chars = "".join(sorted(set(text)))
         print(f"all the unique characters: {chars!r}")
+        if len(chars) < 2:  # a model tells tokens apart: one token leaves nothing to learn
+            raise ValueError(f"{source} has {len(chars)} distinct character(s), and dataset "
+                             f"{dataset} needs at least 2 tokens; use more varied text")
         stoi = {c: i for i, c in enumerate(chars)}
         name, vocab_size, encode = "char", len(chars), lambda s: [stoi[c] for c in s]
     else:
@@ -163,9 +167,14 @@ def prepare(path, tokenizer, out_dir, dataset, source, sha256=None):
             **({k: bpe[k] for k in bpe if k != "tokenizer"} if bpe else {}), "source": source,
             "split": {"by": "characters", "train_fraction": TRAIN_FRACTION}, "inputs": [record],
             "eot_token": None, "train_documents": 1, "val_documents": 1}  # as a corpus has them
-    os.makedirs(out_dir, exist_ok=True)
     files = {os.path.join(out_dir, f"{split}.bin"): ids.tobytes() for split, ids in splits.items()}
-    write_files(files | {os.path.join(out_dir, "meta.json"): json.dumps(meta, indent=2) + "\n"})
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        write_files(files | {os.path.join(out_dir, "meta.json"): json.dumps(meta, indent=2) + "\n"})
+    except OSError as e:  # a full disk, a read-only folder: which, and what to do
+        fix = "free disk space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+        raise OSError(f"cannot write {out_dir} ({(e.strerror or str(e)).lower()}); {fix}, or "
+                      f"prepare into another folder (--data_dir)") from None
     return meta
 
 

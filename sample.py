@@ -17,6 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+if __name__ == "__main__":  # Ctrl-C (torch's import included), or `python sample.py | head`: quiet
+    for stop_quietly in {signal.SIGINT, getattr(signal, "SIGPIPE", signal.SIGINT)}:  # (Windows)
+        signal.signal(stop_quietly, signal.SIG_DFL)
+
 import tiktoken
 import torch
 
@@ -77,8 +81,8 @@ def main(argv=None):
     except Exception as e:  # no such file, not a zip archive, truncated, pickled objects ...
         if "GLOBAL" in str(e):  # torch's message would advise loading it unsafely: not passed on
             fail(f"{path} holds Python objects other than tensors, which could run code: refused")
-        why = e.strerror.lower() if isinstance(e, OSError) and e.strerror else (
-            "not a torch.save file, or a damaged one")
+        missing = isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError))
+        why = e.strerror.lower() if missing else "not a torch.save file, or a damaged one"
         fail(f"cannot read a checkpoint at {path} ({why}); train a model first (python train.py) "
              f"or fix --out_dir")
     try:  # another format, settings this leviathan.py does not know, weights that do not fit
@@ -178,7 +182,5 @@ def main(argv=None):
     return texts
 
 
-if __name__ == "__main__":  # Ctrl-C, or `python sample.py | head`: stop quietly
-    for stop_quietly in {signal.SIGINT, getattr(signal, "SIGPIPE", signal.SIGINT)}:  # (Windows)
-        signal.signal(stop_quietly, signal.SIG_DFL)
+if __name__ == "__main__":
     main()

@@ -19,13 +19,24 @@ import ast
 import contextlib
 import dataclasses
 import difflib
+import errno
 import json
 import math
 import os
+import shutil
 import signal
 import string
 import sys
 import time
+
+
+def stopped_while_starting(signum, frame):
+    print("train.py: stopped (Ctrl-C) while starting; nothing was written", file=sys.stderr)
+    sys.exit(130)
+
+
+if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): that line, no traceback
+    signal.signal(signal.SIGINT, stopped_while_starting)  # until main() starts
 
 import numpy as np
 import torch
@@ -242,14 +253,14 @@ def train(s, explicit):
             if origin:
                 record["init_from"] = origin["checkpoint"]
             norms, clipped = [], 0
-            if master:
-                with open(log_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record) + "\n")
             # step 0's state is what the same command builds again: saved only if the run ends
             # there, so that a run that fails in its first steps can be run again as it was
             saved = step > 0 or step == s["max_iters"]
             if saved:
                 save()
+            if master:  # after the save: the log never names a state that was not saved
+                with open(log_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
             log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
                 f"{best_val_loss:.4f}), eval {eval_s:.1f} s" + (f", saved {ckpt_path}" if saved
                                                                  else ""))
@@ -547,7 +558,7 @@ def read_flag(arg):
 def set_setting(s, key, value, where):
     """Check a setting's name, type (an int is taken where a float is expected) and choice."""
     if key not in SETTINGS:
-        close = difflib.get_close_matches(key, SETTINGS, n=1)
+        close = difflib.get_close_matches(key, SETTINGS, n=1, cutoff=0.8)  # a typo, not a guess
         hint = f"did you mean {close[0]}?" if close else "see python train.py --help"
         raise ValueError(f"{where}: unknown setting {key!r}; {hint}")
     default = SETTINGS[key][0]
@@ -600,6 +611,12 @@ def resolve(s, explicit):
         s["out_dir"] = formatted_out_dir(s)
         check_resumable(s["out_dir"])
         ckpt, path = read_checkpoint(s["out_dir"], for_resume=True)
+        trained = set(filter(None, str(ckpt["train_config"].get("freeze", "")).split(",")))
+        if "freeze" in explicit and set(filter(None, s["freeze"].split(","))) != trained:
+            raise ValueError(f"{path} was trained with {','.join(sorted(trained)) or 'nothing'} "
+                             f"frozen, this resume asks for --freeze={s['freeze']}: its optimizer "
+                             f"state is of the parts it trained; drop --freeze, or fine-tune from "
+                             f"it into another --out_dir")
         for key, value in ckpt["train_config"].items():  # a retired or unknown key: left out
             if key in SETTINGS.keys() - MODEL.keys() - explicit - {"out_dir", "init_from"}:
                 set_setting(s, key, value, f"{path} (train_config)")
@@ -623,13 +640,18 @@ def resolve(s, explicit):
     if not resuming:
         s["out_dir"] = formatted_out_dir(s)  # a fine-tune's {embedding} is its source's
         s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed: a resume keeps it
-        if ckpt and os.path.realpath(os.path.dirname(path)) == os.path.realpath(s["out_dir"]):
+        source_dir = ckpt and os.path.dirname(os.path.realpath(path))  # the run read, unlinked
+        if ckpt and os.path.isdir(s["out_dir"]) and os.path.samefile(source_dir, s["out_dir"]):
             raise ValueError(f"out_dir={s['out_dir']} holds the checkpoint being fine-tuned "
                              f"({path}); fine-tune into another --out_dir (--overwrite cannot "
                              f"replace a run that is being read)")
         if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
             raise ValueError(f"out_dir={s['out_dir']} is a file, not a folder; give another path")
-        if os.path.exists(os.path.join(s["out_dir"], "ckpt.pt")) and not s["overwrite"]:
+        ckpt_file = os.path.join(s["out_dir"], "ckpt.pt")
+        if os.path.exists(ckpt_file) and not os.path.isfile(ckpt_file):
+            raise ValueError(f"{ckpt_file} is not a file (a folder?); move it out of the way, or "
+                             f"train into another --out_dir")
+        if os.path.exists(ckpt_file) and not s["overwrite"]:
             raise ValueError(f"{s['out_dir']} already holds a run (ckpt.pt); continue it with "
                              f"--init_from=resume, train into another --out_dir, or pass "
                              f"--overwrite to replace it")
@@ -642,6 +664,9 @@ def check_resumable(out_dir):
         raise ValueError(f"out_dir={out_dir} is a file, not a folder; give another path")
     if os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
         return
+    if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
+        raise ValueError(f"{out_dir}/ckpt.pt is not a file (a folder?); move it out of the way, "
+                         f"then start the run again without --init_from=resume")
     if os.path.isfile(os.path.join(out_dir, "log.jsonl")):
         raise ValueError(f"{out_dir} holds a log.jsonl but no ckpt.pt: its run stopped before "
                          f"its first save (at step eval_interval); start it again with the same "
@@ -735,9 +760,9 @@ def read_checkpoint(path, for_resume=False):
                          f"untouched checkpoint written by train.py") from None
     version = ckpt.get("version") if isinstance(ckpt, dict) else None
     if version != 2:
-        raise ValueError(f"{path} is a checkpoint of format {version!r}, and this train.py reads "
-                         f"format 2: train the run again, or use the leviathan version that wrote "
-                         f"it")
+        raise ValueError(f"{path} is a checkpoint of format {version!r}, and this leviathan "
+                         f"reads format 2: train the run again, or use the leviathan version that "
+                         f"wrote it")
     tables = ["model", "model_config", "meta"]
     if for_resume:
         tables += ["train_config", "optimizer", "rng"]
@@ -767,18 +792,32 @@ def write_atomic(path, obj):
         if isinstance(obj, str):
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(obj)
-        else:  # into Python's file: a full disk is then an OSError (ENOSPC), not torch's text
+        else:
             with open(tmp, "wb") as f:
                 torch.save(obj, f)
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        if isinstance(e, OSError):
-            reason = (e.strerror or one_line(e)).lower()  # no space left on device, read-only ...
-            raise OSError(f"could not write {path}: {reason}; the previous file, if any, is "
-                          f"unchanged. Free disk space or use another --out_dir") from None
+        # torch.save reports a write that failed midway (a full disk) as a RuntimeError
+        if isinstance(e, (OSError, RuntimeError)):
+            raise OSError(cannot_write(path, e, "; the previous file, if any, is unchanged")
+                          ) from None
         raise
+
+
+WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def cannot_write(path, e, kept=""):
+    """What a failed write of path says: why (e, an OSError or torch's RuntimeError), what was
+    kept, what to do."""
+    reason = getattr(e, "strerror", None) or one_line(e)[:150]
+    if not isinstance(e, OSError) and shutil.disk_usage(os.path.dirname(path) or ".").free < 2**20:
+        reason = "no space left on device"  # torch's text names no cause; the disk's space does
+    fix = "free disk space" if getattr(e, "errno", errno.ENOSPC) in (
+        errno.ENOSPC, errno.EDQUOT) else "make it writable"
+    return f"could not write {path} ({reason.lower()}){kept}; {fix} or use another --out_dir"
 
 
 def read_log(path, last_step):
@@ -801,6 +840,7 @@ def one_line(text):
 
 
 def main(argv=None):
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a KeyboardInterrupt, said below
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip() + "\n\nsettings (--key=value, default shown):")
@@ -820,7 +860,8 @@ def main(argv=None):
             f"{path} keeps the last saved state" if os.path.isfile(path) else
             "no checkpoint was saved yet: the same command starts the run again"), 130
     except (ValueError, OSError) as e:  # bad settings, data or checkpoint; a refusal to write
-        message = one_line(e)
+        failed_write = getattr(e, "filename", None) and e.errno in WRITE_ERRORS
+        message = cannot_write(e.filename, e) if failed_write else one_line(e)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not isinstance(e, MemoryError) and "memory" not in str(e):
             raise  # a bug, not the machine's limit: its traceback is what a report needs

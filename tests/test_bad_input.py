@@ -6,6 +6,11 @@ tests/test_prepare_data.py."""
 import errno
 import importlib.util
 import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -196,8 +201,11 @@ def test_a_fine_tune_into_its_own_source_folder_is_refused(tmp_path, char_data, 
     """Whatever --overwrite says, and however the same folder is spelled: the source is read."""
     before = {name: (trained / name).read_bytes() for name in ("ckpt.pt", "log.jsonl")}
     monkeypatch.chdir(tmp_path)
+    os.symlink(trained / "ckpt.pt", tmp_path / "file_link")
+    os.symlink(trained, tmp_path / "folder_link")
     for source, out in [(trained, trained), (trained / "ckpt.pt", "./run/"), ("run", trained),
-                        ("./run/ckpt.pt", "run")]:
+                        ("./run/ckpt.pt", "run"), ("file_link", "run"), ("folder_link", "run"),
+                        ("run", "folder_link")]:
         for overwrite in ([], ["--overwrite"]):
             code, _, err = train_cli(run_cli, char_data, out, f"--init_from={source}",
                                      "--max_iters=1", *overwrite)
@@ -215,6 +223,33 @@ def test_a_resume_says_what_its_folder_holds(tmp_path, char_data, run_cli):
     assert "start it again with the same command without --init_from=resume" in err
     code, _, err = train_cli(run_cli, char_data, tmp_path / "none", "--init_from=resume")
     assert_one_line(code, err, "holds no run to resume (no ckpt.pt); train one first", "train.py")
+    (tmp_path / "stopped" / "ckpt.pt").mkdir()  # a folder where the checkpoint should be
+    for resume in (["--init_from=resume"], [], ["--overwrite"]):
+        code, _, err = train_cli(run_cli, char_data, tmp_path / "stopped", *resume)
+        assert_one_line(code, err, "ckpt.pt is not a file (a folder?); move it out of the way",
+                        "train.py")
+
+
+def test_a_resume_with_another_freeze_says_so(char_data, run_cli, trained):
+    code, _, err = train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=4",
+                             "--freeze=backbone")
+    assert_one_line(code, err, "was trained with nothing frozen, this resume asks for "
+                               "--freeze=backbone", "train.py")
+    assert "another version" not in err
+
+
+def test_ctrl_c_while_torch_loads_is_one_line(tmp_path):
+    """SIGINT as soon as train.py starts (while it imports torch): one line, exit 130."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, os.path.join(root, "train.py"), "--help"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(0.3)  # python is up, torch is loading
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("torch loaded before the signal")
+    assert proc.returncode == 130 and err == ("train.py: stopped (Ctrl-C) while starting; nothing "
+                                              "was written\n"), err
 
 
 def test_a_read_only_disk_during_a_save_keeps_the_last_checkpoint(char_data, run_cli, trained,
@@ -229,8 +264,9 @@ def test_a_read_only_disk_during_a_save_keeps_the_last_checkpoint(char_data, run
 
     monkeypatch.setattr("builtins.open", read_only)
     code, _, err = train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=4")
-    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'}: read-only file system; "
-                               f"the previous file, if any, is unchanged", "train.py")
+    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'} (read-only file system); "
+                               f"the previous file, if any, is unchanged; make it writable",
+                    "train.py")
     assert (trained / "ckpt.pt").read_bytes() == before
 
 
@@ -287,10 +323,34 @@ def test_a_full_disk_during_a_save_keeps_the_last_checkpoint(tmp_path, char_data
     tmp = trained / "ckpt.pt.tmp"
     os.symlink("/dev/full", tmp)
     code, _, err = train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=4")
-    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'}: no space left on device",
+    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'} (no space left on device)",
                     "train.py")
     assert "is unchanged" in err and "enforce fail" not in err
     assert (trained / "ckpt.pt").read_bytes() == before and not os.path.lexists(tmp)
+
+
+def test_a_save_torch_fails_midway_is_one_line_and_not_logged(char_data, run_cli, trained,
+                                                              monkeypatch):
+    """A full disk met inside torch.save's zip writer is torch's RuntimeError ("[enforce fail at
+    inline_container.cc ...]"): one line all the same, and log.jsonl keeps no record of the step
+    whose save failed."""
+    before = (trained / "ckpt.pt").read_bytes()
+    log_before = (trained / "log.jsonl").read_text()
+
+    def full_midway(obj, f):
+        f.write(b"PK")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 2")
+
+    monkeypatch.setattr(train.torch, "save", full_midway)
+    monkeypatch.setattr(train.shutil, "disk_usage", lambda path: SimpleNamespace(free=0))
+    code, _, err = train_cli(run_cli, char_data, trained, "--init_from=resume", "--max_iters=4",
+                             "--eval_interval=2")
+    assert_one_line(code, err, f"could not write {trained / 'ckpt.pt'} (no space left on device); "
+                               f"the previous file, if any, is unchanged; free disk space",
+                    "train.py")
+    assert "enforce fail" not in err
+    assert (trained / "ckpt.pt").read_bytes() == before
+    assert (trained / "log.jsonl").read_text() == log_before  # step 4 was not saved: not logged
 
 
 def test_a_dead_writers_temp_file_is_replaced(tmp_path, char_data, run_cli, trained):

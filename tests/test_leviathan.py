@@ -526,12 +526,12 @@ def test_checkpoint_round_trip_gives_identical_logits(arm, fast, tmp_path):
 def test_checkpoint_of_another_version_is_refused(tmp_path):
     write_checkpoint(tiny_model("lev"), tmp_path / "ckpt.pt", version=CHECKPOINT_VERSION + 1)
     with pytest.raises(ValueError,
-                       match=f"format {CHECKPOINT_VERSION + 1}, and this train.py reads "
+                       match=f"format {CHECKPOINT_VERSION + 1}, and this leviathan reads "
                              f"format 2: train the run again"):
         load_checkpoint(tmp_path)
     write_checkpoint(tiny_model("lev"), tmp_path / "ckpt.pt", version=1)
     with pytest.raises(ValueError,
-                       match="format 1, and this train.py reads format 2"):
+                       match="format 1, and this leviathan reads format 2"):
         load_checkpoint(tmp_path)
 
 

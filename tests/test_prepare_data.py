@@ -134,6 +134,8 @@ def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, run_cli, mo
     not_utf8 = tmp_path / "latin1.txt"
     not_utf8.write_bytes("line one\ncafé\n".encode("latin-1") * 100)
     (tmp_path / "abc.txt").write_text("abc")  # 3 characters: 1 val token, no window to score
+    (tmp_path / "aaa.txt").write_text("a" * 1000)  # one distinct character: one token
+    (tmp_path / "read_only").write_text("")  # a file where the data folder should be
     os.mkfifo(tmp_path / "pipe.txt")  # opened to read, it would wait for a writer forever
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(tmp_path / "socket.txt"))
@@ -157,6 +159,11 @@ def test_command_line_errors_are_one_line_with_exit_code_2(tmp_path, run_cli, mo
         (["../up", data, f"--input={not_shakespeare}"], "plain folder name"),
         (["mine", data, f"--input={tmp_path / 'abc.txt'}", "--tokenizer=char"],
          "too short: one text gave 1 val tokens"),
+        (["mine", data, f"--input={tmp_path / 'aaa.txt'}", "--tokenizer=char"],
+         "has 1 distinct character.*dataset mine needs at least 2 tokens"),
+        (["mine", f"--data_dir={tmp_path / 'read_only'}", f"--input={not_shakespeare}"],
+         "cannot write .*read_only/mine .not a directory.; make it writable, or prepare into "
+         "another folder"),
         # not one text file: a FIFO, a socket, a device; a corpus, named with its command
         (["mine", data, f"--input={tmp_path / 'pipe.txt'}"], "pipe.txt: .*not a regular one"),
         (["mine", data, f"--input={tmp_path / 'socket.txt'}"], "not a regular one"),
@@ -219,7 +226,8 @@ def test_a_failed_or_interrupted_run_leaves_the_old_dataset(tmp_path, run_cli, m
     folder = tmp_path / "data" / "mine"
     old = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
     assert sorted(old) == ["meta.json", "train.bin", "val.bin"]
-    for error, code, says in [(OSError(28, "No space left on device"), 2, "No space left"),
+    for error, code, says in [(OSError(28, "No space left on device"), 2,
+                               "mine .no space left on device.; free disk space"),
                               (KeyboardInterrupt(), 130, "interrupted: .*mine is as it was")]:
         def fsync(fd, error=error, calls=[]):  # noqa: B006 (a new list on each pass of the loop)
             calls.append(fd)

@@ -301,7 +301,7 @@ def test_a_version_1_checkpoint_is_refused_in_one_line_saying_what_to_do(
     ckpt["version"] = 1
     torch.save(ckpt, path)
     code, _, err = run_train(capsys, char_data, tmp_path / "old", "--init_from=resume")
-    assert code == 2 and err.count("\n") == 1 and "format 1, and this train.py reads format 2: " \
+    assert code == 2 and err.count("\n") == 1 and "format 1, and this leviathan reads format 2: " \
         "train the run again, or use the leviathan version that wrote it" in err, err
     assert not re.search(r"\b[0-9a-f]{7}\b", err), err  # no commit hash
 
@@ -389,7 +389,7 @@ def test_bad_input_is_one_line_with_exit_code_2(tmp_path, char_data, bpe_data, c
         (["--lev_fast=False", "--lev_c_kernels=False"], "lev_c_kernels=False is a setting of "
                                                         "LEV's fast path, and lev_fast=False"),
         # settings that are gone: unknown
-        (["--lev_lr_scale=2.0"], "unknown setting 'lev_lr_scale'"),
+        (["--lev_lr_scale=2.0"], "unknown setting 'lev_lr_scale'; see python train.py --help"),
         # a setting given twice (a later file or flag overriding a file is no mistake)
         ([str(tmp_path / "twice.py")], "twice.py line 2: n_layer is given twice in"),
     ]
