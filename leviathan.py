@@ -217,7 +217,7 @@ class LEV(DigitCodebooks):
     # distinct ids embedded together; each chunk is recomputed in backward, so autograd holds one
     # chunk's spline values (65,536 per id at the paper's sizes), not a batch's (CPU config: ~800)
     recipe_chunk = 64
-    # matrices left out of weight decay (GPT.configure_optimizers): the per-head LayerNorm's gains
+    # matrices left out of weight decay (GPT.param_groups): the per-head LayerNorm's gains
     # and biases, and S, whose decay pulls each of the d_seed factors of the product towards 0
     no_weight_decay = ("ln_weight", "ln_bias", "spline")
 
@@ -517,9 +517,10 @@ class GPT(nn.Module):
         cross-entropy over the targets that are not -1, else None.
 
         Under a run's lean head (GPT.fast_logits, kernels/lean_head.py: training's default) the
-        logits are made only when used: F.cross_entropy of them, as below, runs without ever
-        holding them all; any other use (a loss term, a softmax) makes them first, with the plain
-        head's values, gradients and memory."""
+        logits are a LazyLogits, made only when used: F.cross_entropy of them, as below, runs
+        without ever holding them all; any other use (a loss term, a softmax) makes them first,
+        with the plain head's values, gradients and memory. It behaves as a tensor but is not one
+        (isinstance(logits, torch.Tensor) is False; logits.tensor() is one)."""
         x = self.backbone(self.embed(idx))  # (B, T, n_embd)
         logits = self.lm_head(x) if self.fast_logits is None else self.fast_logits(
             x, self.lm_head.weight)  # (B, T, V)

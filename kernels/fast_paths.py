@@ -37,7 +37,8 @@ PARTS = {  # hook -> (the fast path, the model's own code it replaces, what then
     "loss": ("the lean head (kernels/lean_head.py)", "leviathan.py's head and loss (GPT.forward)",
              "the head"),
 }
-say_on_stderr = functools.partial(print, file=sys.stderr, flush=True)
+def say_on_stderr(line):  # sys.stderr as it is when saying (a test may have replaced it)
+    print(line, file=sys.stderr, flush=True)
 
 
 def install_fast_paths(model, lev=None, lean_head=False, check=True, say=say_on_stderr):
@@ -56,6 +57,8 @@ def install_fast_paths(model, lev=None, lean_head=False, check=True, say=say_on_
         model.tok_emb.fast_embed = candidates.pop(0) if candidates else None
     if check:
         check_fast_paths(model, say, then=candidates)
+    if model.fast_logits is not None:  # checked: from now on, logits made in training say so once
+        model.fast_logits = functools.partial(model.fast_logits, notice=say)
     return model
 
 

@@ -138,7 +138,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                     probs = buf.z[:len(x_c)].div_(denominator)  # (n, V) softmax, from exp(z - max)
                     chunk_backward(buf, probs, x_c, safe[at], scale[at],
                                    None if grad_x is None else grad_x[at], grad_w)
-        ctx.chunk, ctx.dtype, ctx.mean = chunk, dtype, mean
+        ctx.chunk, ctx.dtype, ctx.mean, ctx.scaled_by = chunk, dtype, mean, None
         if mean:
             ctx.save_for_backward(grad_x, None if grad_w is None else grad_w.to(weight.dtype))
             return loss.sum() / count  # 0 / 0 = NaN when every target is ignored
@@ -148,9 +148,21 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # backward is not itself differentiable
     def backward(ctx, grad_loss):
-        if ctx.mean:  # in place: used once (a second backward through this graph raises, as usual)
-            grad_x, grad_w = (None if g is None else g.mul_(grad_loss) for g in ctx.saved_tensors)
-            return grad_x, grad_w, None, None, None, None, None
+        if ctx.mean:
+            saved = ctx.saved_tensors
+            if ctx.scaled_by is None:  # the first backward scales them in place: no second (V, D)
+                ctx.scaled_by = grad_loss  # tensor. Through .data, which the saved tensors'
+                for g in saved:            # version check does not see: a later backward
+                    if g is not None:      # (retain_graph) knows the factor and scales anew
+                        g.data.mul_(grad_loss)
+                return (*saved, None, None, None, None, None)
+            if (ctx.scaled_by == 0).item():  # (a second backward only: a sync then is no cost)
+                raise RuntimeError("the lean loss's first backward had a zero gradient, which "
+                                   "left nothing to scale for a second; train with "
+                                   "--lean_head=False to backward through it twice")
+            factor = grad_loss / ctx.scaled_by
+            return (*(None if g is None else g * factor for g in saved), None, None, None, None,
+                    None)
         x, weight, safe, valid, lse = ctx.saved_tensors
         # (N,) 0 at ignored tokens, even where grad_loss is inf or NaN
         scale = torch.where(valid, grad_loss, 0.0).to(lse.dtype)
@@ -199,33 +211,95 @@ def linear_cross_entropy(x, weight, targets, chunk_size=None, ignore_index=-1, r
 
 
 class LazyLogits:
-    """GPT.fast_logits: the logits x @ W^T (..., V), made only when they are used.
-    F.cross_entropy of them, (N, V) against class ids (N,) (logits.view(-1, V) is still lazy), is
-    linear_cross_entropy: the same loss and gradients without ever holding all the logits. Any other
-    use (a method, an index, an operator, a torch function) makes them first, once, as the plain
-    head does: F.linear(x, W) under the autocast and grad mode of the forward that returned them.
-    Not a torch.Tensor: isinstance(logits, torch.Tensor) is False; logits.tensor() is one."""
+    """GPT.fast_logits: the logits x @ W^T (..., V), made only when their values are used.
 
-    def __init__(self, x, weight, autocast=None, grad=None):
+    F.cross_entropy of them, (N, V) against class ids (N,), is linear_cross_entropy: the same loss
+    and gradients without ever holding all the logits. What is known without them is answered
+    without making them: shape, size(), dtype, device, ndim, dim(), numel(), len(), requires_grad,
+    and views that keep the last dimension V (view, reshape, flatten), which stay lazy. Any other
+    use (an operator, an index, an item assignment, a method, a torch function, torch.save) makes
+    them first, once for all the views of one forward's logits, as the plain head does: F.linear(x,
+    W) under the autocast and grad mode of the forward that returned them; the loss then reads
+    that tensor, edits included. The first time in a process that training makes them (a loss
+    term, an argmax, a print), notice (install_fast_paths' say) gets one line on what it costs.
+    Made after the head's weight or the hidden states changed in place (an optimizer.step()), they
+    would not be the plain head's: that raises instead. Not a torch.Tensor: isinstance(logits,
+    torch.Tensor) is False (docs/model.md says why); logits.tensor() is one."""
+
+    said = False  # the memory notice, once per process
+
+    def __init__(self, x, weight, autocast=None, grad=None, root=None, notice=None):
         self.x, self.weight = x, weight  # (..., D), (V, D)
         self.shape = torch.Size((*x.shape[:-1], weight.shape[0]))
         device = x.device.type
         self.autocast = autocast or (device, torch.get_autocast_dtype(device),
                                      torch.is_autocast_enabled(device))
         self.grad = torch.is_grad_enabled() if grad is None else grad
-        self.made = None
+        self.root = self if root is None else root  # the forward's logits, this one's base
+        self.made_tensor, self.versions, self.notice = None, versions(x, weight), notice
+
+    @property
+    def made(self):
+        """The logits as made (a tensor of the root's shape), or None while they are lazy."""
+        return self.root.made_tensor
+
+    def tensor(self):
+        """The logits as a tensor, made on first use (in the forward's grad mode)."""
+        root = self.root
+        if root.made_tensor is None:
+            root.check_unchanged()
+            with root.forwards_autocast(), torch.set_grad_enabled(root.grad):
+                root.made_tensor = F.linear(root.x, root.weight)
+            if root.notice and root.made_tensor.requires_grad and not LazyLogits.said:
+                LazyLogits.said = True
+                mib = root.made_tensor.numel() * root.made_tensor.element_size() / 2**20
+                root.notice(f"note: the lean head's logits were made in full ({tuple(root.shape)}, "
+                            f"{mib:,.1f} MiB a step, plus autograd's copies); a loss term through "
+                            f"F.cross_entropy of them stays lean, or train with --lean_head=False "
+                            f"where memory is no issue")
+        made = root.made_tensor
+        return made if self is root else made.view(self.shape)
+
+    def check_unchanged(self):
+        """Lazy logits made from what changed in place since the forward would not be the plain
+        head's: raise instead."""
+        if versions(self.root.x, self.root.weight) != self.root.versions:
+            raise RuntimeError("the lazy logits' head weight or hidden states changed in place "
+                               "since the forward (an optimizer.step()?): use the logits before "
+                               "it, run the forward again, or train with --lean_head=False")
 
     def forwards_autocast(self):
         """The autocast of the forward that returned the logits, for the matmul made now."""
         device, dtype, enabled = self.autocast
         return torch.autocast(device, dtype, enabled=enabled)
 
-    def tensor(self):
-        """The logits as a tensor, made on first use (in the forward's grad mode)."""
-        if self.made is None:
-            with self.forwards_autocast(), torch.set_grad_enabled(self.grad):
-                self.made = F.linear(self.x, self.weight)
-        return self.made
+    # what is known without the logits
+    @property
+    def dtype(self):
+        _, dtype, enabled = self.autocast
+        return (dtype if enabled and torch.float64 not in (self.x.dtype, self.weight.dtype)
+                else self.x.dtype)
+
+    @property
+    def device(self):
+        return self.x.device
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def requires_grad(self):
+        return self.grad and (self.x.requires_grad or self.weight.requires_grad)
+
+    def dim(self):
+        return len(self.shape)
+
+    def numel(self):
+        return self.shape.numel()
+
+    def __len__(self):
+        return self.shape[0]
 
     def size(self, dim=None):
         return self.shape if dim is None else self.shape[dim]
@@ -236,15 +310,28 @@ class LazyLogits:
         if self.made is not None or not shape or shape[-1] != self.shape[-1]:
             return getattr(self.tensor(), how)(*shape)
         x = getattr(self.x, how)(*shape[:-1], self.x.shape[-1])
-        return LazyLogits(x, self.weight, self.autocast, self.grad)
+        return LazyLogits(x, self.weight, self.autocast, self.grad, self.root, self.notice)
 
     def reshape(self, *shape):
         return self.view(*shape, how="reshape")
 
+    def flatten(self, start_dim=0, end_dim=-1):
+        end = end_dim % max(1, self.ndim)
+        if self.made is not None or end == self.ndim - 1:
+            return self.tensor().flatten(start_dim, end_dim)
+        return self.reshape(self.x.flatten(start_dim, end).shape[:-1] + self.shape[-1:])
+
     def cross_entropy(self, target, ignore_index=-100, reduction="mean"):
+        if self.made is not None:  # made: the loss of that tensor, edits included
+            return F.cross_entropy(self.tensor(), target, ignore_index=ignore_index,
+                                   reduction=reduction)
+        self.check_unchanged()
         with self.forwards_autocast():
             return linear_cross_entropy(self.x, self.weight, target, ignore_index=ignore_index,
                                         reduction=reduction)
+
+    def __reduce_ex__(self, protocol):  # torch.save, pickle, copy: the tensor
+        return self.tensor().__reduce_ex__(protocol)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -260,13 +347,18 @@ class LazyLogits:
                 return logits.cross_entropy(target, a["ignore_index"], a["reduction"])
         return func(*made(args), **made(kwargs or {}))
 
-    def __getattr__(self, name):  # a tensor method or attribute: on the logits, made
+    def __getattr__(self, name):  # any other tensor method or attribute: on the logits, made
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.tensor(), name)
 
 
 CROSS_ENTROPY = inspect.signature(F.cross_entropy)
+
+
+def versions(*tensors):
+    """The tensors' version counters (an in-place change bumps one); inference tensors: None."""
+    return tuple(None if t.is_inference() else t._version for t in tensors)
 
 
 def made(value):
@@ -286,10 +378,14 @@ def made_first(name):
     return method
 
 
-# Python looks operators up on the class, not through __getattr__: each makes the logits first
-for _name in ("__getitem__", "__iter__", "__len__", "__bool__", "__float__", "__array__",
-              "__repr__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
-              "__matmul__", "__truediv__", "__rtruediv__", "__pow__", "__neg__", "__lt__",
-              "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__abs__", "__rmatmul__",
-              "__floordiv__", "__mod__"):
-    setattr(LazyLogits, _name, made_first(_name))
+# Python looks operators up on the class, not through __getattr__: each of torch.Tensor's makes
+# the logits first (an in-place one, e.g. +=, then changes them, and the name holds the tensor)
+_BINARY = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor",
+           "lshift", "rshift")
+for _name in ([f"__{kind}{op}__" for op in _BINARY for kind in ("", "r", "i")]
+              + ["__neg__", "__pos__", "__abs__", "__invert__", "__lt__", "__le__", "__gt__",
+                 "__ge__", "__eq__", "__ne__", "__getitem__", "__setitem__", "__iter__",
+                 "__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
+                 "__contains__", "__repr__", "__format__"]):
+    if hasattr(torch.Tensor, _name):
+        setattr(LazyLogits, _name, made_first(_name))

@@ -109,8 +109,10 @@ def test_an_edited_model_runs_as_written(name, tmp_path, char_data):
     assert_default_equals_plain(results)
     assert stepped_aside(lines) == expected, "\n".join(lines)
     notes = [line for line in lines if line.startswith("note: ")]
-    # as written, or (eval.py) LEV's recipe compiled in its place, each said in one line
-    assert all(("runs as written" in line or "is tried in its place" in line) and "\n" not in line
+    # as written, or (eval.py) LEV's recipe compiled in its place, each said in one line; an edit
+    # whose loss makes the logits (label smoothing) is told what that costs, once
+    assert all(("runs as written" in line or "is tried in its place" in line
+                or "logits were made in full" in line) and "\n" not in line
                for line in notes), "\n".join(notes)
 
 

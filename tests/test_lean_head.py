@@ -100,14 +100,22 @@ def test_every_target_ignored(reduction):
     assert (got[1] == 0).all() and (got[2] == 0).all()
 
 
-def test_gradients_computed_in_forward_are_not_used_twice():
-    """The default path scales its saved gradients in place, so a second backward must raise, not
-    be wrong."""
-    x, w, t, _ = make()
-    loss = linear_cross_entropy(x, w, t, 5)
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="inplace"):
+def test_a_loss_used_twice_has_the_same_gradients_twice():
+    """retain_graph: a second backward, or autograd.grad, gets what the first got (the saved
+    gradients are scaled out of place), as with the plain head."""
+    for mean_path in (True, False):
+        x, w, t, _ = make()
+        with torch.set_grad_enabled(True):
+            loss = (linear_cross_entropy(x, w, t, 5) if mean_path else
+                    linear_cross_entropy(x, w, t, 5, reduction="none").sum())
+        first = torch.autograd.grad(1.7 * loss, (x, w), retain_graph=True)
+        kept = [g.clone() for g in first]
+        second = torch.autograd.grad(0.3 * loss, (x, w), retain_graph=True)
+        assert_all_close(first, kept, **F64)  # the first result is not changed by the second
+        assert_all_close(second, [g * (0.3 / 1.7) for g in first], **F64)
+        loss.backward(retain_graph=True)
         loss.backward()
+        assert_all_close((x.grad / 2, w.grad / 2), (first[0] / 1.7, first[1] / 1.7), **F64)
 
 
 def tiny_gpt(embedding="tied"):
@@ -128,7 +136,7 @@ def test_the_lean_heads_logits_are_the_plain_heads_when_used():
             lambda z: torch.softmax(z, -1), lambda z: F.log_softmax(z, -1),
             lambda z: z + 0, lambda z: 1 - z, lambda z: torch.ones(61).double() * z,
             lambda z: z @ torch.ones(61).double(), lambda z: -z, lambda z: z > 0,
-            lambda z: torch.cat([z]), lambda z: z.reshape(2, 16 * 61)[1], lambda z: len(z),
+            lambda z: torch.cat([z]), lambda z: z.reshape(2, 16 * 61)[1],
             lambda z: F.cross_entropy(z.transpose(1, 2), idx)]  # (B, V, T): made
     for use in uses:
         logits, _ = model(idx)
@@ -268,3 +276,114 @@ def test_cuda_bf16_autocast():
         got = loss_and_grads(lean(5), x, w, t, up)
         want = loss_and_grads(full, x, w, t, up)
     assert_bf16_close(got, want, loss_tol=1e-3)
+
+
+def lean_and_plain(embedding="untied"):
+    """A float64 model, a batch, and (lazy logits, plain logits) of one forward each, with the loss
+    of each: the lean head's first, then the plain head's."""
+    model = tiny_gpt(embedding)
+    idx, targets = torch.randint(61, (2, 16)), torch.randint(61, (2, 16))
+    out = []
+    for lean in (True, False):
+        install_fast_paths(model, lean_head=lean)
+        out.append(model(idx, targets))
+    return model, idx, targets, out
+
+
+def grads_of(model, loss, **kwargs):
+    model.zero_grad(set_to_none=True)
+    loss.backward(**kwargs)
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_what_is_known_is_answered_without_the_logits():
+    _, _, _, [(lazy, _), (plain, _)] = lean_and_plain()
+    for ask in (lambda z: z.shape, lambda z: z.size(-1), lambda z: z.dtype, lambda z: z.device,
+                lambda z: z.ndim, lambda z: z.dim(), lambda z: z.numel(), lambda z: len(z),
+                lambda z: z.requires_grad):
+        assert ask(lazy) == ask(plain)
+    with torch.autocast("cpu", torch.bfloat16):
+        model = tiny_gpt().float()
+        install_fast_paths(model, lean_head=True)
+        logits, _ = model(torch.zeros(1, 4, dtype=torch.long))
+    assert logits.dtype == torch.bfloat16  # as F.linear's under autocast
+    with torch.no_grad():
+        assert not model(torch.zeros(1, 4, dtype=torch.long))[0].requires_grad
+    assert lazy.made is None and logits.made is None
+
+
+@pytest.mark.parametrize("flat", [lambda z: z.flatten(0, 1), lambda z: z.view(-1, 61),
+                                  lambda z: z.reshape(32, 61), lambda z: z.flatten(end_dim=-2)])
+def test_views_that_keep_the_vocabulary_stay_lazy(flat):
+    model, _, targets, [(lazy, _), (plain, _)] = lean_and_plain()
+    loss = F.cross_entropy(flat(lazy), targets.view(-1))
+    assert lazy.made is None
+    want = F.cross_entropy(flat(plain), targets.view(-1))
+    torch.testing.assert_close(loss, want, **F64)
+    assert_all_close(grads_of(model, loss), grads_of(model, want), **F64)
+
+
+@pytest.mark.parametrize("use, differentiable", [
+    (lambda z: 2 ** z, True), (lambda z: 1 / z, True), (lambda z: z.__iadd__(1), True),
+    (lambda z: z.__imul__(2), True), (lambda z: z.__ipow__(2), True), (lambda z: +z, True),
+    (lambda z: z.__isub__(1), True), (lambda z: z.__itruediv__(3), True),
+    (lambda z: 3.0 // z, False), (lambda z: 5.0 % z, False), (lambda z: z.__ifloordiv__(2), False)])
+def test_reflected_and_in_place_operators(use, differentiable):
+    model, _, _, [(lazy, _), (plain, _)] = lean_and_plain()
+    got, want = use(lazy).sum(), use(plain).sum()
+    torch.testing.assert_close(got, want, **F64)
+    if differentiable:  # (floor division and remainder have no gradient in torch)
+        assert_all_close(grads_of(model, got), grads_of(model, want), **F64)
+
+
+def test_edits_are_seen_by_every_view_and_the_loss():
+    """An item assignment, directly or through a view of another name, changes what the loss of
+    the logits (lazy until then) computes, as it does with the plain head."""
+    model, _, targets, pairs = lean_and_plain()
+    results = []
+    for logits, _ in pairs:
+        flat = logits.view(-1, 61)
+        flat[:, 3] = -1e4  # through a view
+        logits[..., 0] = 7.0  # on the logits
+        loss = F.cross_entropy(logits.view(-1, 61), targets.view(-1))
+        results.append((loss, flat[:, :4].sum(), grads_of(model, loss)))
+    torch.testing.assert_close(results[0][0], results[1][0], **F64)
+    torch.testing.assert_close(results[0][1], results[1][1], **F64)
+    assert_all_close(results[0][2], results[1][2], **F64)
+
+
+def test_a_loss_term_used_twice_and_torch_save(tmp_path):
+    model, _, _, [(lazy, loss), (plain, plain_loss)] = lean_and_plain()
+    got = loss + 0.1 * lazy.logsumexp(-1).pow(2).mean()
+    want = plain_loss + 0.1 * plain.logsumexp(-1).pow(2).mean()
+    first, again = grads_of(model, got, retain_graph=True), grads_of(model, got)
+    assert_all_close(first, grads_of(model, want, retain_graph=True), **F64)
+    assert_all_close(again, first, **F64)
+    torch.save(lazy, tmp_path / "logits.pt")
+    saved = torch.load(tmp_path / "logits.pt", weights_only=True)
+    assert type(saved) is torch.Tensor
+    torch.testing.assert_close(saved, plain.detach(), **F64)
+
+
+def test_logits_used_after_the_weights_changed_raise():
+    """Made after an optimizer step, lazy logits would be the new weights'; they raise instead.
+    Made before it, they are the plain head's, as a tensor is."""
+    model, _, targets, [(lazy, _), (plain, _)] = lean_and_plain()
+    early, _ = lean_and_plain()[3][0]
+    early.tensor()
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    with pytest.raises(RuntimeError, match="changed in place"):
+        lazy.argmax(-1)
+    with pytest.raises(RuntimeError, match="changed in place"):
+        F.cross_entropy(lazy.view(-1, 61), targets.view(-1))
+    assert early.made is not None and early.argmax(-1).shape == (2, 16)
+
+
+def test_the_logits_made_in_training_say_so_once(capfd, monkeypatch):
+    monkeypatch.setattr(lean_head.LazyLogits, "said", False)
+    _, _, _, [(lazy, _), _] = lean_and_plain()
+    lazy.argmax(-1)
+    lean_and_plain()[3][0][0].softmax(-1)
+    said = capfd.readouterr().err.splitlines()
+    assert len(said) == 1 and "the lean head's logits were made in full ((2, 16, 61)" in said[0]
