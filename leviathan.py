@@ -67,12 +67,11 @@ class Config:
     lev_seed_dim: int = setting(128, "LEV: d_seed, width of the seed vector z and of each head's "
                                      "coordinates")
     lev_heads: int = setting(8, "LEV: h, independent separable modes, summed")
-    lev_knots: int = setting(16, "LEV: kappa, evenly spaced knots of each quadratic B-spline on "
-                                 "[0, 1]")
+    lev_knots: int = setting(16, "LEV: kappa, knots of each spline on [0, 1] (its basis: "
+                                 "bspline_basis)")
     lev_rank: int = setting(64, "LEV: r, outputs of each spline, i.e. length of a mode")
     lev_normalize_basis: bool = setting(True, "LEV: divide the spline basis by its sum over knots "
-                                              "(a partition of unity also at the two ends of "
-                                              "[0, 1])")
+                                              "(bspline_basis's normalize)")
     # LEV's initialisation, which the paper leaves open: ours. 0.002 starts LEV's embeddings at the
     # norm of a 0.02-std table's rows (~0.27 against 0.23 at n_embd = 128; 0.02 gave 2.7);
     # docs/results.md has the ablation that made it the default
@@ -106,8 +105,8 @@ class Config:
         need(type(self.lev_normalize_basis) is bool,
              f"lev_normalize_basis={self.lev_normalize_basis!r} must be True or False")
         need(self.vocab_size >= 2, f"vocab_size={self.vocab_size} must be at least 2")
-        need(self.lev_knots >= 3,
-             f"lev_knots={self.lev_knots} must be at least 3 (a quadratic spline spans 3)")
+        need(self.lev_knots >= BASIS_MIN_KNOTS, f"lev_knots={self.lev_knots} must be at least "
+             f"{BASIS_MIN_KNOTS} ({BASIS_MIN_KNOTS_WHY})")
         need(self.n_embd % self.n_head == 0,
              f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         need((self.n_embd // self.n_head) % 2 == 0, f"head size n_embd/n_head="
@@ -133,6 +132,11 @@ def digit_base(vocab_size, n_digits):
     while b > 2 and (b - 1) ** n_digits >= vocab_size:
         b -= 1
     return b
+
+
+# the basis's own settings, beside it: an edit of the basis edits them here (lev_knots' lower bound;
+# lev_normalize_basis is its normalize)
+BASIS_MIN_KNOTS, BASIS_MIN_KNOTS_WHY = 3, "a quadratic B-spline spans 3 knots"
 
 
 def bspline_basis(t, n_knots, normalize=True):
@@ -206,7 +210,7 @@ class LEV(DigitCodebooks):
         seed:    z = sum_i C[i, digit_i]                                    C: (k, b, d_seed)
         per head (h heads, each with its own parameters):
           x = W_seed z;  t = sigmoid(LayerNorm(x) / 2)  in [0, 1]^d_seed    W_seed: (d_seed, d_seed)
-          phi[d, :] = sum_j w_j(t[d]) S[d, j, :]  (quadratic B-spline)     S: (d_seed, kappa, r)
+          phi[d, :] = sum_j w_j(t[d]) S[d, j, :]  (w: bspline_basis)       S: (d_seed, kappa, r)
           M = prod_d phi[d, :]        (a rank-1 separable mode, length r)
         E = sum_heads M @ W_out                                             W_out: (r, n_embd)
 
@@ -568,14 +572,19 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 use_cache=True):
+                 use_cache=True, logits_hook=None):
         """idx: (B, T) -> (B, T + max_new_tokens): the prompt, then the sampled tokens (stream)."""
-        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache))
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache,
+                               logits_hook))
         return torch.cat([idx, *new], dim=1)
 
-    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True):
+    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
+               logits_hook=None):
         """Yield the next token, (B, 1), max_new_tokens times, continuing idx: (B, T).
 
+        logits_hook(logits, idx) -> logits, if given, rewrites each next token's logits (B, V),
+        float32, before sampling; idx: (B, T') all the tokens so far. A sampling rule is one such
+        function: a repetition penalty (sample.py's), banned tokens, a logit bias.
         temperature=0 is greedy. The model sees at most block_size tokens: when the context is full,
         the window jumps forward by half a block (it keeps the last block_size/2 tokens), so a KV
         cache stays valid between jumps and is rebuilt at each jump. use_cache=False runs full
@@ -594,12 +603,12 @@ class GPT(nn.Module):
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
         if idx.shape[1] < 1:
             raise ValueError("the prompt is empty: generation needs at least one token to follow")
-        return self._stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache)
+        return self._stream(idx, max_new_tokens, temperature, top_k, top_p, use_cache, logits_hook)
 
     # inference_mode, not just no_grad: tensors made here skip autograd's version counting, less
     # overhead on each of the ~100 small operations per token
     @torch.inference_mode()
-    def _stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache):
+    def _stream(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, logits_hook):
         block = self.config.block_size
         start = max(0, idx.shape[1] - block)  # the window is idx[:, start:]
         kv_cache, fed = None, 0  # with the KV cache: how many tokens of the window it holds
@@ -615,7 +624,8 @@ class GPT(nn.Module):
                 # the window's first tokens after a jump, then one token per step
                 logits = self.next_logits(idx[:, fed:], kv_cache)
                 fed = idx.shape[1]
-            next_id = sample_next(logits.float(), temperature, top_k, top_p)
+            logits = logits.float() if logits_hook is None else logits_hook(logits.float(), idx)
+            next_id = sample_next(logits, temperature, top_k, top_p)
             idx = torch.cat([idx, next_id], dim=1)
             yield next_id
 

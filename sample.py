@@ -43,11 +43,14 @@ def main(argv=None):
     add = p.add_argument
     add("--out_dir", default="out", help="the run's folder, where train.py wrote ckpt.pt")
     add("--start", default="\n", help="the prompt, or FILE:path to read it from a UTF-8 file")
-    add("--num_samples", type=int, default=10, help="samples drawn, one after another")
+    add("--num_samples", type=int, help="samples drawn, one after another (default: 10; 1 when "
+        "greedy, whose samples are all the same)")
     add("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
     add("--temperature", type=float, default=0.8, help="1: the model's distribution, 0: greedy")
     add("--top_k", type=int, default=200, help="sample among the k likeliest tokens only")
     add("--top_p", type=float, help="nucleus: among the likeliest tokens whose probability is p")
+    add("--repetition_penalty", type=float, default=1.0, help="CTRL's: a token already in the "
+        "text has its logit divided by this where positive, multiplied where negative (1: off)")
     add("--chat", action="store_true", help="the prompt is a user's turn in the model's chat "
         "format (a converted Instruct model), the reply ends with the turn")
     add("--seed", type=int, default=1337, help="random seed: the same seed, the same samples")
@@ -59,7 +62,12 @@ def main(argv=None):
     add("--plain", action="store_true", help="no fast path: leviathan.py as written, slower")
     add("--threads", type=int, default=0, help="CPU threads; 0: one under 50M parameters")
     args = p.parse_args(argv)  # the sampling settings are GPT.stream's to check
-    for bad, message in [(args.num_samples < 1, f"--num_samples={args.num_samples} must be >= 1"),
+    if args.num_samples is None:
+        args.num_samples = 1 if args.temperature == 0 else 10
+    for bad, message in [(not 0 < args.repetition_penalty < float("inf"),  # (NaN too)
+                          f"--repetition_penalty={args.repetition_penalty} must be a finite "
+                          f"number > 0"),
+                         (args.num_samples < 1, f"--num_samples={args.num_samples} must be >= 1"),
                          (args.threads < 0, f"--threads={args.threads} must be >= 0"),
                          (not 0 <= args.seed < 2**63, f"--seed={args.seed} must be in [0, 2^63)")]:
         if bad:
@@ -143,7 +151,8 @@ def main(argv=None):
     if args.compile:
         model.next_logits = torch.compile(model.next_logits)  # what generation runs
 
-    # -- sample, each token printed as it comes --
+    # -- sample, each token printed as it comes; a sampling rule is a logits hook --
+    hook = None if args.repetition_penalty == 1 else repetition_penalty(args.repetition_penalty)
     torch.manual_seed(args.seed)  # every device's generator
     texts, started, counts = [], [], []  # counts: tokens generated per sample
     bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and device == "cuda")  # as nanoGPT
@@ -152,7 +161,7 @@ def main(argv=None):
             started.append(time.perf_counter())
             try:  # GPT.stream checks its settings at the call: before anything is printed
                 tokens = model.stream(x, args.max_new_tokens, args.temperature, args.top_k,
-                                      args.top_p, use_cache=not args.no_kv_cache)
+                                      args.top_p, not args.no_kv_cache, hook)
             except ValueError as e:
                 fail(e)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # cut characters
@@ -180,6 +189,15 @@ def main(argv=None):
           f"compile={'on' if args.compile else 'off'}, "
           f"fast_paths={fast}", file=sys.stderr)
     return texts
+
+
+def repetition_penalty(penalty):
+    """GPT.stream's logits hook for CTRL's repetition penalty (Keskar et al., 2019): the logit of
+    each id already in idx divided by penalty where positive, multiplied where negative."""
+    def hook(logits, idx):  # (B, V), (B, T)
+        seen = logits.gather(1, idx)
+        return logits.scatter(1, idx, torch.where(seen > 0, seen / penalty, seen * penalty))
+    return hook
 
 
 if __name__ == "__main__":

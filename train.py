@@ -237,15 +237,17 @@ def train(s, explicit):
         # evaluate, log and save every eval_interval steps and at the last
         if (step % s["eval_interval"] == 0 or step == s["max_iters"]) and step != evaluated:
             t_eval = time.time()
-            train_loss = estimate_loss(eval_model, train_data, train_starts, s, device, autocast)
-            val_loss = estimate_loss(eval_model, val_data, val_starts, s, device, autocast)
+            metrics = {f"{split}_{name}": value for split, data, starts in (
+                ("train", train_data, train_starts), ("val", val_data, val_starts))
+                for name, value in estimate_loss(eval_model, data, starts, s, device,
+                                                 autocast).items()}
             eval_s = time.time() - t_eval
-            if not (math.isfinite(val_loss + train_loss)
+            val_loss = metrics["val_loss"]
+            if not (math.isfinite(val_loss + metrics["train_loss"])
                     and all(torch.isfinite(p).all() for p in model.parameters())):
                 return diverged(f"the val loss is {val_loss} at step {step}", ckpt_path, log)
             best_val_loss = min(best_val_loss, val_loss)
-            record = {"step": step, "tokens": tokens_seen, "train_loss": train_loss,
-                      "val_loss": val_loss, "lr": get_lr(step, s),
+            record = {"step": step, "tokens": tokens_seen, **metrics, "lr": get_lr(step, s),
                       "grad_norm": sum(norms) / len(norms) if norms else None,
                       "clip_fraction": clipped / len(norms) if norms and s["grad_clip"] else None,
                       "elapsed_s": round(elapsed_before + time.time() - t_start, 3),
@@ -261,9 +263,10 @@ def train(s, explicit):
             if master:  # after the save: the log never names a state that was not saved
                 with open(log_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(record) + "\n")
-            log(f"step {step}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best "
-                f"{best_val_loss:.4f}), eval {eval_s:.1f} s" + (f", saved {ckpt_path}" if saved
-                                                                 else ""))
+            said = ", ".join(f"{name.replace('_', ' ')} {value:.4f}" for name, value in
+                             metrics.items())
+            log(f"step {step}: {said} (best val loss {best_val_loss:.4f}), eval {eval_s:.1f} s"
+                + (f", saved {ckpt_path}" if saved else ""))
             t_line = time.time()  # progress lines time the training steps only
         if step >= s["max_iters"]:
             return 0
@@ -319,8 +322,9 @@ def train(s, explicit):
             eta = int((s["max_iters"] - step) * step_s + evals_left * eval_s)
             clip = (f" | clipped {100 * clipped / max(1, len(norms)):.0f}%" if s["grad_clip"]
                     else "")
-            log(f"step {step}/{s['max_iters']} | loss {lossf:.4f} | lr {lr:.2e} | grad norm "
-                f"{normf:.3f}{clip} | {1000 * step_s:.0f} ms/step | "
+            # lr at `step`, as its log.jsonl record has it (the one the next update uses)
+            log(f"step {step}/{s['max_iters']} | loss {lossf:.4f} | lr {get_lr(step, s):.2e} | "
+                f"grad norm {normf:.3f}{clip} | {1000 * step_s:.0f} ms/step | "
                 f"{tokens_per_step / step_s:,.0f} tok/s | ETA {eta // 60}m{eta % 60:02d}s")
             t_line, steps_since_line = time.time(), 0
             if stopping:
@@ -355,26 +359,31 @@ def get_batch(data, starts, block_size, device):
 
 @torch.no_grad()
 def estimate_loss(model, data, starts, s, device, autocast):
-    """Mean cross-entropy per target token of the model's logits over a split's fixed windows (each
-    process takes every world-th), the model in eval mode meanwhile. Computed here from the
-    logits, not taken from the model's loss: whatever term training adds, this stays the
-    cross-entropy (under the lean head, computed without holding all the logits)."""
+    """Metrics over a split's fixed windows (each process takes every world-th), the model in eval
+    mode meanwhile -> {name: mean per target token}. "loss" is the cross-entropy of the model's
+    logits, computed here, not taken from the model's loss: whatever term training adds, it stays
+    the cross-entropy (under the lean head, without holding all the logits). A new metric is one
+    entry of `batch` below: logged as train_NAME and val_NAME, and printed."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model.eval()
-    total, count, mine = 0.0, 0, starts[rank::world]
+    totals, count, mine = {}, 0, starts[rank::world]
     for i in range(0, len(mine), s["batch_size"]):
         x, y = get_batch(data, mine[i:i + s["batch_size"]], s["block_size"], device)
         with autocast:
             logits, _ = model(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1)
-        total += loss.item() * y.numel()
+            batch = {  # each: its mean over the batch's target tokens
+                "loss": F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1),
+                                        ignore_index=-1)}
+        for name, value in batch.items():
+            totals[name] = totals.get(name, 0.0) + value.item() * y.numel()
         count += y.numel()
     model.train()
     if world > 1:
-        sums = torch.tensor([total, count], dtype=torch.float64, device=device)
+        sums = torch.tensor([*totals.values(), count], dtype=torch.float64, device=device)
         dist.all_reduce(sums)
-        total, count = sums.tolist()
-    return total / count
+        *values, count = sums.tolist()
+        totals = dict(zip(totals, values, strict=True))
+    return {name: total / count for name, total in totals.items()}
 
 
 def all_mean(value, device):

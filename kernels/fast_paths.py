@@ -77,14 +77,19 @@ def check_fast_paths(model, say=say_on_stderr, then=()):
 def check_lev(lev, say=say_on_stderr, then=()):
     """check_fast_paths for a LEV module alone (its fast_embed, then each of then in turn where it
     steps aside, named in its line) -> the last one's difference."""
-    then = list(then)
-    while True:
+    then, lines = list(then), []
+    while True:  # each line says what runs in the end: known once the candidates are checked
         name = getattr(lev.fast_embed, "name", PARTS["lev"][0])
-        runs = f"{then[0].name} is tried in its place" if then else None
-        found = check(lev, "fast_embed", "lev", lev_outputs, say, name, runs)
+        found = check(lev, "fast_embed", "lev", lev_outputs, lines.append, name,
+                      "{runs}" if then else None)
         if lev.fast_embed is not None or not then:
-            return found
+            break
         lev.fast_embed = then.pop(0)
+    runs = (f"{lev.fast_embed.name} runs in its place, checked equal to it"
+            if lev.fast_embed is not None else f"{PARTS['lev'][2]} runs as written, slower")
+    for line in lines:
+        say(line.replace("{runs}", runs))
+    return found
 
 
 def check(owner, hook, part, outputs, say, fast_name=None, runs=None):

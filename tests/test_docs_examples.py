@@ -20,7 +20,8 @@ PROJECT = ["leviathan.py", "train.py", "sample.py", "prepare_data.py", "lab", "k
 # the example each diff is, found by a line only it adds
 DIFFS = {"schedule": '+    "schedule": (', "weight_norm": "+def weight_norm(model):",
          "sgd": '+    "optimizer": (', "extra_eval": '+    "extra_dataset": (',
-         "grad_norms": "+def grad_parts(model):", "loss_term": "+                log_z = "}
+         "grad_norms": "+def grad_parts(model):", "loss_term": "+                log_z = ",
+         "val_metric": '+                "accuracy": '}
 
 
 def examples(kind):
@@ -83,6 +84,14 @@ def test_the_weight_norm_in_the_log(tmp_path, char_data):
     norms = [r["weight_norm"] for r in records(tmp_path / "out")]
     assert len(norms) == 2 and all(n > 0 for n in norms) and norms[0] != norms[1]
     assert "| weight norm " in stdout
+
+
+def test_a_val_metric_is_one_entry(tmp_path, char_data):
+    copy = copy_of_project(tmp_path / "copy", the_diff("val_metric"))
+    stdout, _ = train(copy, char_data, tmp_path / "out", "--max_iters=2", "--eval_interval=2")
+    for r in records(tmp_path / "out"):
+        assert 0 <= r["train_accuracy"] <= 1 and 0 <= r["val_accuracy"] <= 1
+    assert "val accuracy " in stdout
 
 
 def test_sgd_and_its_resume(tmp_path, char_data):

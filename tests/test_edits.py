@@ -111,7 +111,7 @@ def test_an_edited_model_runs_as_written(name, tmp_path, char_data):
     notes = [line for line in lines if line.startswith("note: ")]
     # as written, or (eval.py) LEV's recipe compiled in its place, each said in one line; an edit
     # whose loss makes the logits (label smoothing) is told what that costs, once
-    assert all(("runs as written" in line or "is tried in its place" in line
+    assert all(("runs as written" in line or "runs in its place, checked" in line
                 or "logits were made in full" in line) and "\n" not in line
                for line in notes), "\n".join(notes)
 

@@ -17,7 +17,7 @@ from conftest import BLOCK, V, random_ids, tiny_model  # noqa: E402
 
 from kernels.fast_lev import FastEmbedder  # noqa: E402
 from kernels.fast_paths import install_fast_paths  # noqa: E402
-from leviathan import EMBEDDINGS  # noqa: E402
+from leviathan import EMBEDDINGS, GPT, Config  # noqa: E402
 
 arms = pytest.mark.parametrize("arm", EMBEDDINGS)
 SAMPLINGS = [dict(temperature=0.0), dict(temperature=1.0),
@@ -150,3 +150,23 @@ def test_generation_with_block_size_one(arm):
     tokens = generations(plain, fast, prompt, 3, temperature=0.0)
     assert tokens["fast", True].shape == (1, 4)
     assert_all_equal(tokens)
+
+
+def test_a_logits_hook_rewrites_every_next_tokens_logits():
+    """GPT.stream's logits_hook gets each step's (B, V) float32 logits and all the tokens so far,
+    and sampling uses what it returns: banned tokens never come, with and without the cache."""
+    torch.manual_seed(0)
+    model = GPT(Config(vocab_size=40, block_size=8, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx, calls = torch.randint(40, (2, 3)), []
+
+    def ban_below_20(logits, so_far):
+        calls.append((logits.dtype, tuple(logits.shape), so_far.shape[1]))
+        return torch.cat([torch.full_like(logits[:, :20], -float("inf")), logits[:, 20:]], 1)
+
+    assert (model.generate(idx, 12, temperature=1.0)[:, 3:] < 20).any()  # without: some come
+    for use_cache in (True, False):
+        calls.clear()
+        out = model.generate(idx, 12, temperature=1.0, use_cache=use_cache,
+                             logits_hook=ban_below_20)
+        assert (out[:, 3:] >= 20).all()
+        assert calls == [(torch.float32, (2, 40), n) for n in range(3, 15)]

@@ -203,6 +203,8 @@ def test_prompt_from_file(char_ckpt, tmp_path, capsys):
     (["--start="], "the prompt is empty"),
     # sample.py's own
     (["--num_samples=0"], "--num_samples=0 must be >= 1"),
+    (["--repetition_penalty=0"], "--repetition_penalty=0.0 must be a finite number > 0"),
+    (["--repetition_penalty=nan"], "--repetition_penalty=nan must be a finite number > 0"),
     (["--max_new_tokens=ten"], "invalid int value: 'ten'"),
     (["--start=FILE:/nonexistent/prompt.txt"], "cannot read the prompt file"),
     (["--start=Hello, World 42!"], "'24' not in the checkpoint's vocabulary"),  # say which
@@ -332,3 +334,33 @@ def test_bfloat16_samples_under_autocast_and_says_so(char_ckpt, capsys):
     with pytest.raises(SystemExit):
         run(char_ckpt, "--chat", "--start=Hi", "--max_new_tokens=2")
     assert "has no chat format; drop --chat" in capsys.readouterr().err
+
+
+def test_greedy_draws_one_sample_unless_asked(char_ckpt, capsys):
+    assert len(run(char_ckpt, "--temperature=0", "--max_new_tokens=3")) == 1
+    assert len(run(char_ckpt, "--temperature=0", "--max_new_tokens=3", "--num_samples=2")) == 2
+    assert len(run(char_ckpt, "--max_new_tokens=3")) == 10
+
+
+def test_repetition_penalty_is_a_logits_hook_as_written(char_ckpt, capsys):
+    """--repetition_penalty's hook: each seen id's logit divided (positive) or multiplied
+    (negative), the others untouched; greedy with it = argmax of the rewritten logits at each
+    step, from full forward passes."""
+    hook = sample.repetition_penalty(2.0)
+    logits, idx = torch.tensor([[4.0, -1.0, 3.0, 0.5]]), torch.tensor([[0, 1, 1]])
+    assert hook(logits, idx).tolist() == [[2.0, -2.0, 3.0, 0.5]]
+    [text] = run(char_ckpt, "--start=ab", "--temperature=0", "--max_new_tokens=12",
+                 "--repetition_penalty=1.8")
+    model = make_checkpoint(char_ckpt.parent / "same")  # the same weights (same seed)
+    ids = torch.tensor([[CHARS.index(c) for c in "ab"]])
+    with torch.no_grad():
+        for _ in range(12):
+            ids = torch.cat([ids, hook_argmax(model, ids, sample.repetition_penalty(1.8))], 1)
+    assert text == "".join(CHARS[i] for i in ids[0].tolist())
+    [plain] = run(char_ckpt, "--start=ab", "--temperature=0", "--max_new_tokens=12")
+    assert plain != text  # the penalty changed something, or the test shows nothing
+
+
+def hook_argmax(model, ids, hook):
+    logits, _ = model(ids)
+    return hook(logits[:, -1].float(), ids).argmax(-1, keepdim=True)
