@@ -14,6 +14,7 @@ import base64
 import codecs
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def main(argv=None):
             try:  # tiktoken downloads an encoding once, into TIKTOKEN_CACHE_DIR where it is set
                 enc = tiktoken.get_encoding(meta.get("tokenizer"))
             except Exception as e:  # an unknown name; offline, an encoding never downloaded
-                fail(f"cannot load {path}'s tokenizer {meta.get('tokenizer')!r} ({str(e)[:150]}); "
+                why = textwrap.shorten(str(e), 150, placeholder=" ...")  # whole words
+                fail(f"cannot load {path}'s tokenizer {meta.get('tokenizer')!r} ({why}); "
                      f"connect once, or set TIKTOKEN_CACHE_DIR to a folder that holds it")
         ids, utf8, n_vocab = enc.encode_ordinary(prompt), enc.decode_single_token_bytes, enc.n_vocab
     stop = None  # --chat: the token that ends the model's turn

@@ -5,6 +5,11 @@ stopped, scores every run with lab/eval.py and writes a table and a figure.
     python lab/grid.py                                  # the grid of docs/results.md, 2 at a time
     python lab/grid.py --jobs=1 --widths=64,128         # fewer widths, one run at a time
     python lab/grid.py --report                         # score what has finished, write the table
+    python lab/grid.py --widths=32,64 --seeds=1 --rare_seeds=1 --max_iters=10 --long_iters=0 \
+        --eval_points=2 --out=grid-toy                  # a toy grid: 10 short runs
+
+The default grid is 42 runs of 250 steps, then 4 long runs of 500: about 5.5 hours on 2 CPU cores.
+Ctrl-C stops it: the runs it was training save their last step, and the same command resumes.
 
 The grid: n_embd in --widths, config/shakespeare_cpu.py's 4 layers and heads of --head_size at
 every width; arms tied, untied and lev, and digits and factorized at the two smallest widths;
@@ -21,6 +26,7 @@ one stopped before its first save starts again; train.py's output goes to its tr
 when a run of it is newer); grid.md holds the table, grid.png the figure (with matplotlib).
 """
 
+import contextlib
 import json
 import math
 import os
@@ -128,6 +134,18 @@ def train_all(args, runs, iters):
     print(f"{len(runs) - len(todo)} of {len(runs)} runs done; training {len(todo)}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.jobs))}
     running, failed = {}, []
+    try:
+        return run_all(args, todo, iters, env, running, failed)
+    except KeyboardInterrupt:  # the runs got Ctrl-C too: they finish their step and save
+        for process, log, _ in running.values():
+            with contextlib.suppress(KeyboardInterrupt):
+                process.wait()
+            log.close()
+        raise
+
+
+def run_all(args, todo, iters, env, running, failed):
+    """train_all's loop: start runs as slots free up, collect them as they end."""
     while todo or running:
         while todo and len(running) < args.jobs:
             width, arm, seed, name = todo.pop(0)
@@ -293,6 +311,10 @@ def main(argv=None):
             cells = figures(score(args, runs))
     except ValueError as e:
         cli.fail("grid.py", str(e))
+    except KeyboardInterrupt:
+        print(f"grid.py: stopped (Ctrl-C); the runs in {args.out} saved their last step, and the "
+              f"same command resumes", file=sys.stderr)
+        return 130
     cli.write_atomic(os.path.join(args.out, "grid.md"), table(cells).encode())
     drawn = plot(cells, os.path.join(args.out, "grid.png"))
     print(table(cells) + f"\nwrote {os.path.join(args.out, 'grid.md')}"

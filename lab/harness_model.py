@@ -58,7 +58,8 @@ def pick_device(name):
     name = str(name or "auto")
     kind = name.split(":")[0]
     if kind == "cuda" and not torch.cuda.is_available():
-        log.warning("--device=%s, but torch sees no CUDA GPU: the device is chosen as auto", name)
+        log.warning("torch sees no CUDA GPU for --device=%s (the harness's default when none is "
+                    "given): the device is chosen as auto", name)
         name = kind = "auto"
     try:
         resolved = devices.resolve_device(kind)

@@ -88,3 +88,25 @@ def test_last_evaluation_reads_the_gap_and_minutes_of_the_last_evaluated_step(tm
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     gap, minutes = grid.last_evaluation(str(tmp_path))
     assert gap == pytest.approx(0.5) and minutes == pytest.approx(1.5)
+
+
+def test_ctrl_c_waits_for_the_runs_then_is_one_line(tmp_path, char_data, run_cli, monkeypatch):
+    """Ctrl-C reaches the runs too (one process group): the grid waits while they save, then says
+    so in one line, exit code 130."""
+    waited = []
+
+    class Stopping:
+        def poll(self):
+            raise KeyboardInterrupt
+
+        def wait(self):
+            waited.append(True)
+
+    def popen(*args, **kwargs):
+        return Stopping()
+
+    monkeypatch.setattr(grid.subprocess, "Popen", popen)
+    code, _, err = run_grid(run_cli, tmp_path / "grid", char_data, "--jobs=1")
+    assert code == 130 and waited == [True]
+    assert err == (f"grid.py: stopped (Ctrl-C); the runs in {tmp_path / 'grid'} saved their last "
+                   f"step, and the same command resumes\n")
