@@ -210,7 +210,7 @@ def train(s, explicit):
     log(describe_run(s, meta, model, data_dir, train_data, val_data, len(val_starts), origin,
                      device, dtype, world, tokens_per_step, resuming, step, ckpt_path))
 
-    # torch.compile, then DDP; model stays the plain module (evaluation, checkpoints)
+    # torch.compile, then DDP; model stays the plain module (checkpoints, the finiteness check)
     train_model = torch.compile(model) if s["compile"] else model
     if ddp:
         train_model = DDP(train_model, device_ids=[local_rank] if device.type == "cuda" else None)

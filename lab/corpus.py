@@ -4,7 +4,7 @@ prepare_files(spec, ...) prepares --input: lab/corpus_readers.py lists and reads
 work items, tokenize_item tokenizes each (on --workers processes, the results kept in input order,
 so the .bin files are the same whatever their number), write_tokens sends each document to train or
 val, and DatasetWriter writes the files into a temporary folder that becomes DATA_DIR/NAME only when
-complete. The format is prepare_data.py's (its docstring describes it); lab/dataset.py reads
+complete. The format is prepare_data.py's (docs/data.md describes it); lab/dataset.py reads
 it. numpy and tiktoken only: no torch.
 """
 

@@ -290,7 +290,7 @@ def safe_cut(text):
     whole, or 0: after a newline, or before a space, that follows a non-space character and precedes
     a letter or digit. The pre-tokenizing patterns of tiktoken's encodings (gpt2, r50k, p50k,
     cl100k, o200k) start a new piece at such a point, and match the pieces on either side without
-    looking across it (tests/test_prepare_data.py checks it)."""
+    looking across it (tests/test_prepare_corpus.py checks it)."""
     for sep, cut_after in (("\n", 1), (" ", 0)):
         i = text.rfind(sep, 1, len(text) - 1)
         while i > 0:

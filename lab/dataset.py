@@ -1,6 +1,6 @@
-"""Reading a prepared dataset: its tokenizer, meta.json, the train and val splits, the eval windows.
+"""Reading a prepared dataset: its tokenizer, meta.json, the train and val splits.
 
-prepare_data.py writes the format (lab/corpus.py; prepare_data.py's docstring describes it);
+prepare_data.py writes the format (lab/corpus.py too; docs/data.md describes it);
 the lab's tools read it with get_tokenizer, load_meta and load_split (train.py and sample.py
 read it themselves). numpy and tiktoken only: no torch.
 """
@@ -58,7 +58,7 @@ class TiktokenTokenizer:
 
     def encode_array(self, text):
         """encode(text) as a numpy array. tiktoken >= 0.8's encode_to_numpy skips building a list of
-        Python ints (docs/speed.md); with nothing allowed or disallowed as special, it encodes
+        Python ints (docs/LOG.md, 2026-11-30); with nothing allowed or disallowed as special, it encodes
         special tokens as text too. Surrogates (a JSON "\\ud800" decodes to one) are not UTF-8, and
         encode_to_numpy refuses them: they are replaced here as encode_ordinary replaces them (a
         pair by its character, a lone one by U+FFFD), so the tokens are encode's."""
@@ -110,7 +110,7 @@ def get_tokenizer(meta, encoding=None):
 
 def stream_text(tokenizer, ids):
     """Decode a stream of token ids into text pieces whose concatenation is exactly
-    tokenizer.decode(all ids) (sample.py prints them as they come).
+    tokenizer.decode(all ids) (the harness adapter's generation prints them as they come).
 
     A BPE token can end inside a multi-byte UTF-8 character, which decodes as U+FFFD until its
     remaining bytes arrive; so a trailing U+FFFD is held back until a later token completes (or, at

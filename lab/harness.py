@@ -9,7 +9,7 @@ model registered as "leviathan" (lab/harness_model.py; docs/harness.md).
 
 Every flag is lm_eval's (the list follows); --model defaults to leviathan. --model_args: run=DIR
 (a run directory holding ckpt.pt, or a checkpoint file), dtype=auto|float32|bfloat16|float16 (auto:
-float32 off CUDA, bfloat16 autocast on CUDA as sample.py; float32 gives eval.py --task's figures on
+float32 off CUDA, bfloat16 autocast on CUDA as train.py; float32 gives eval.py --task's figures on
 any device), plain=true (no fast path, as eval.py --plain). --batch_size: rows per forward pass
 (auto: 16, eval.py's default). tasks/ holds task configs that read local files in the published
 formats eval.py --task reads, prompted as the harness's own tasks are. Needs lm_eval (tested with

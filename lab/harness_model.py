@@ -69,8 +69,8 @@ def pick_device(name):
 
 
 def pick_dtype(name, device):
-    """dtype=auto: float32 off CUDA, bfloat16 autocast on CUDA (float16 where bf16 is unsupported),
-    as sample.py; float32: eval.py's figures on any device."""
+    """dtype=auto: float32 off CUDA, bfloat16 autocast on CUDA (float16 where bf16 is unsupported,
+    as train.py); float32: eval.py's figures on any device."""
     if name not in DTYPES:
         raise AdapterError(f"dtype={name}; choose {', '.join(DTYPES)}")
     return devices.resolve_dtype(name, torch.device(device).type)

@@ -10,10 +10,14 @@ LEV's own settings, the lev_* flags, default to leviathan.Config's), RUN's backb
 tied table becomes a head of its own: transplant), and a LEV fitted to RUN's input table T: Adam on
 LEV's parameters alone, no backbone involved, on fit_batch ids a step drawn by fit_weights from
 the training split's counts, through LEV's fast path (kernels/). The fit prints its figures, and
-the checkpoint keeps them under "retrofit". docs/retrofit.md says more.
+the checkpoint keeps them under "retrofit". With --tune_steps, LEV is then trained alone inside the
+model (backbone and head frozen) on windows of the training split, to match RUN's own next-token
+distribution (--tune_target=teacher) or the text's next token, with the fit's loss kept beside it
+(--tune_anchor) for the ids the text never shows (docs/pretrained.md). docs/retrofit.md says more.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -200,6 +204,59 @@ def retrofit(lev, table, train_tokens, fit_steps, fit_lr, fit_batch, fit_loss, f
     return {**settings, **overall, "seconds": seconds, "buckets": buckets}
 
 
+def tune(model, teacher, train_tokens, table, weights, target="teacher", anchor=0.0, steps=200,
+         lr=1e-3, batch_size=4, block_size=512, fit_loss="cosine_norm", fit_batch=4096,
+         autocast=None, log_interval=100, log=print, seed=0):
+    """Train LEV alone, in the model (backbone and head frozen), on windows of the training split:
+        loss = KL(teacher || model) per position  (target "teacher": the source's next-token
+               distribution), or the cross-entropy of the next token (target "text"),
+             + anchor * the fit's loss on fit_batch ids drawn by weights (V,)
+    The anchor keeps the ids the text never shows near their table rows: LEV is one function of
+    all ids, and a step on the text's ids moves the others too. Adam, fit_lr's schedule."""
+    lev = model.tok_emb
+    model.requires_grad_(False)
+    lev.requires_grad_(True)
+    table = table.to(lev.codebooks.device, lev.codebooks.dtype)
+    mean_square = weighted_mean_square(weights, table)
+    optimizer = torch.optim.Adam(lev.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.from_numpy(train_tokens.astype(np.int64))
+    autocast = autocast or contextlib.nullcontext()
+    t_log, since_log = time.time(), 0
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = fit_lr(step, steps, lr)
+        starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+        windows = torch.stack([data[s:s + block_size + 1] for s in starts.tolist()])
+        X, Y = windows[:, :-1].to(table.device), windows[:, 1:].to(table.device)
+        with autocast:
+            logits, text_loss = model(X, Y)  # (B, T, V)
+            if target == "teacher":
+                with torch.no_grad():
+                    teacher_logits, _ = teacher(X)
+                V = logits.size(-1)
+                text_loss = F.kl_div(F.log_softmax(logits.float().view(-1, V), -1),
+                                     F.log_softmax(teacher_logits.float().view(-1, V), -1),
+                                     log_target=True, reduction="batchmean")
+        ids = torch.multinomial(weights, fit_batch, replacement=True, generator=generator)
+        ids = ids.to(table.device)
+        row_loss = id_losses(lev(ids), table[ids], fit_loss, mean_square).mean()
+        loss = text_loss + anchor * row_loss
+        if not torch.isfinite(loss):
+            raise ValueError(f"the retrofit's tuning loss is {loss.item()} at step {step}; lower "
+                             f"--tune_lr")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        since_log += 1
+        if (step + 1) % log_interval == 0 or step + 1 == steps:
+            ms = 1000 * (time.time() - t_log) / since_log
+            log(f"tune step {step + 1}/{steps} | {target} loss {text_loss.item():.4f} | fit loss "
+                f"{row_loss.item():.4f} | {ms:.0f} ms/step")
+            t_log, since_log = time.time(), 0
+    model.requires_grad_(True)
+
+
 # --------------------------------------------------------------------------------------------------
 # The script: a run's checkpoint in, a lev checkpoint out
 
@@ -247,6 +304,22 @@ def parse_args(argv):
     p.add_argument("--fit_weights", default="counts", choices=FIT_WEIGHTS, help="how ids count "
                    "in the fit: counts (their training-split counts), seen (uniform over ids seen "
                    "in the training split), uniform (all ids)")
+    p.add_argument("--tune_steps", type=int, default=0, help="after the fit, Adam steps training "
+                   "LEV alone inside the model (backbone and head frozen) on windows of the "
+                   "training split (0: none)")
+    p.add_argument("--tune_target", default="teacher", choices=("teacher", "text"), help="what "
+                   "the tuning matches: teacher (RUN's next-token distribution, by KL) or text "
+                   "(the next token)")
+    p.add_argument("--tune_anchor", type=float, default=1.0, help="weight of the fit's loss (on "
+                   "fit_batch ids drawn by fit_weights) added to the tuning's, which keeps ids the "
+                   "text never shows near their rows")
+    p.add_argument("--tune_lr", type=float, default=1e-3, help="the tuning's peak learning rate "
+                   "(the fit's schedule)")
+    p.add_argument("--tune_batch", type=int, default=4, help="windows per tuning step")
+    p.add_argument("--tune_block", type=int, default=512, help="tokens per window (at most RUN's "
+                   "block_size)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the "
+                   "tuning's autocast (the fit runs in float32)")
     for f in LEV_SETTINGS:  # LEV's architecture: leviathan.Config's fields, defaults and help
         kind = true_or_false if isinstance(f.default, bool) else type(f.default)
         p.add_argument(f"--{f.name}", type=kind, default=f.default,
@@ -258,6 +331,13 @@ def parse_args(argv):
              f"--fit_lr={args.fit_lr} must be a finite number > 0"),
             (1 <= args.fit_batch < 2 ** 31, f"--fit_batch={args.fit_batch} must be in [1, 2^31) "
              f"(the default is 4096)"),
+            (args.tune_steps >= 0, f"--tune_steps={args.tune_steps} must be >= 0"),
+            (math.isfinite(args.tune_lr) and args.tune_lr > 0,
+             f"--tune_lr={args.tune_lr} must be a finite number > 0"),
+            (math.isfinite(args.tune_anchor) and args.tune_anchor >= 0,
+             f"--tune_anchor={args.tune_anchor} must be a finite number >= 0"),
+            (args.tune_batch >= 1, f"--tune_batch={args.tune_batch} must be at least 1"),
+            (args.tune_block >= 1, f"--tune_block={args.tune_block} must be at least 1"),
             (args.log_interval >= 1, f"--log_interval={args.log_interval} must be at least 1"),
             (0 <= args.seed < 2 ** 63, f"--seed={args.seed} must be in [0, 2^63)")]:
         if not ok:
@@ -324,6 +404,8 @@ def retrofitted(args):
     figures = retrofit(model.tok_emb, table, train_tokens, args.fit_steps, args.fit_lr,
                        args.fit_batch, args.fit_loss, args.fit_weights, args.log_interval,
                        args.seed)
+    if args.tune_steps:
+        figures["tune"] = tuned(args, model, source, train_tokens, table, device)
     # a checkpoint of format version 2, as train.py writes; "step" is RUN's (that of its backbone
     # and head), read by a fine-tune as any source's
     return {"version": checkpoints.CHECKPOINT_VERSION,
@@ -331,6 +413,31 @@ def retrofitted(args):
             "model_config": dataclasses.asdict(config), "meta": meta, "step": source.get("step"),
             "retrofit": {"source": path, "source_embedding": source["model_config"]["embedding"],
                          **figures}}
+
+
+def tuned(args, model, source, train_tokens, table, device):
+    """tune() with the tune_* settings, RUN's model as the teacher -> the settings, as recorded."""
+    block = min(args.tune_block, model.config.block_size)
+    if len(train_tokens) <= block:
+        raise ValueError(f"the training split has {len(train_tokens)} tokens, too few for windows "
+                         f"of {block}; lower --tune_block")
+    teacher = None
+    if args.tune_target == "teacher":  # RUN's own model, as it was
+        teacher = GPT(Config(**source["model_config"]))
+        teacher.load_state_dict(source["model"])
+        teacher.to(device).eval()
+    counts = train_counts(train_tokens, table.shape[0])
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                              enabled=args.dtype == "bfloat16")
+    settings = {"steps": args.tune_steps, "target": args.tune_target, "anchor": args.tune_anchor,
+                "lr": args.tune_lr, "batch": args.tune_batch, "block": block, "dtype": args.dtype}
+    described = ", ".join(f"{k} {v}" for k, v in settings.items())
+    print(f"retrofit: tuning LEV inside the model, {described}")
+    t_start = time.time()
+    tune(model, teacher, train_tokens, table, id_weights(args.fit_weights, counts),
+         args.tune_target, args.tune_anchor, args.tune_steps, args.tune_lr, args.tune_batch, block,
+         args.fit_loss, args.fit_batch, autocast, args.log_interval, seed=args.seed)
+    return {**settings, "seconds": round(time.time() - t_start, 3)}
 
 
 def main(argv=None):

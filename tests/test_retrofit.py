@@ -269,6 +269,11 @@ def test_refusals_are_one_line(tmp_path, char_data, bpe_data, capsys, source, ru
         (tied, ["--fit_loss=l1"], "fit_loss"),
         (tied, ["--seed=-1"], "--seed=-1 must be in [0, 2^63)"),
         (tied, ["--log_interval=0"], "--log_interval=0 must be at least 1"),
+        (tied, ["--tune_steps=-1"], "--tune_steps=-1 must be >= 0"),
+        (tied, ["--tune_lr=inf"], "--tune_lr=inf must be a finite number > 0"),
+        (tied, ["--tune_anchor=-1"], "--tune_anchor=-1.0 must be a finite number >= 0"),
+        (tied, ["--tune_block=0"], "--tune_block=0 must be at least 1"),
+        (tied, ["--tune_target=both"], "tune_target"),
         (tied, ["--lev_knots=2"], "lev_knots=2 must be at least 3"),
         (tied, ["--lev_normalize_basis=yes"], "'yes' is not True or False"),
         (tied, ["--fit_step=5"], "unrecognized arguments: --fit_step=5"),
@@ -283,6 +288,25 @@ def test_refusals_are_one_line(tmp_path, char_data, bpe_data, capsys, source, ru
         assert "Traceback" not in err and not (tmp_path / "rf.pt").exists(), args
     code, _, err = run_cli(retrofit.main, [tied, f"--data_dir={char_data}"])
     assert code == 2 and "--out" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("target", ["teacher", "text"])
+def test_tuning_trains_lev_alone_inside_the_model(tmp_path, char_data, source, fitted, run_cli,
+                                                  target):
+    """--tune_steps after the fit (the same fit: the same seed): LEV's parameters move, nothing
+    else; the tuning's loss falls; the checkpoint records the settings."""
+    out = tmp_path / "tuned.pt"
+    code, stdout, err = run_retrofit(run_cli, char_data, source, out, "--tune_steps=30",
+                                     f"--tune_target={target}", "--tune_lr=3e-3",
+                                     "--tune_block=16", "--tune_anchor=0.5")
+    assert code == 0, err
+    fit, tuned = load(fitted), load(out)
+    for name, weight in fit["model"].items():
+        moved = not torch.equal(weight, tuned["model"][name])
+        assert moved == name.startswith("tok_emb."), name
+    losses = [float(x) for x in re.findall(rf"tune step \d+/30 \| {target} loss ([\d.]+)", stdout)]
+    assert len(losses) == 6 and losses[-1] < losses[0], stdout
+    assert (tuned["retrofit"]["tune"]["steps"], tuned["retrofit"]["tune"]["target"]) == (30, target)
 
 
 def test_a_fit_stopped_or_failed_writes_nothing(tmp_path, char_data, source, run_cli,
