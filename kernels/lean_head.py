@@ -18,7 +18,8 @@ CHUNK_MIB = 256  # default size of one chunk's fp32 logits; see default_chunk_si
 def default_chunk_size(vocab_size):
     """Tokens per chunk such that a chunk's fp32 logits take about CHUNK_MIB MiB (at least 16
     tokens): the head's scratch memory stays fixed whatever V is (1,335 tokens at V = 50,257, 334 at
-    V = 200,376). Thinner chunks make thinner matmuls, which run slower (docs/LOG.md, 2026-11-30)."""
+    V = 200,376). Thinner chunks make thinner matmuls, which run slower (docs/LOG.md,
+    2026-11-30)."""
     return max(16, CHUNK_MIB * 2**20 // (4 * vocab_size))
 
 

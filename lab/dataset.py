@@ -58,10 +58,10 @@ class TiktokenTokenizer:
 
     def encode_array(self, text):
         """encode(text) as a numpy array. tiktoken >= 0.8's encode_to_numpy skips building a list of
-        Python ints (docs/LOG.md, 2026-11-30); with nothing allowed or disallowed as special, it encodes
-        special tokens as text too. Surrogates (a JSON "\\ud800" decodes to one) are not UTF-8, and
-        encode_to_numpy refuses them: they are replaced here as encode_ordinary replaces them (a
-        pair by its character, a lone one by U+FFFD), so the tokens are encode's."""
+        Python ints (docs/LOG.md, 2026-11-30); with nothing allowed or disallowed as special, it
+        encodes special tokens as text too. Surrogates (a JSON "\\ud800" decodes to one) are not
+        UTF-8, and encode_to_numpy refuses them: they are replaced here as encode_ordinary replaces
+        them (a pair by its character, a lone one by U+FFFD), so the tokens are encode's."""
         if not hasattr(self.encoding, "encode_to_numpy"):
             return np.array(self.encode(text), dtype=np.uint32)
         try:

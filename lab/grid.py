@@ -15,9 +15,9 @@ The grid: n_embd in --widths, config/shakespeare_cpu.py's 4 layers and heads of 
 every width; arms tied, untied and lev, and digits and factorized at the two smallest widths;
 --seeds seeds per (width, arm), --rare_seeds at n_embd=128. Every run trains --max_iters steps
 of the config's 16 x 128 tokens (the same tokens, batches and dropout for every arm and width),
-evaluating at step 0 and --eval_points times after on a few val windows for its curve. Then the long runs: tied and
-lev, 2 seeds, --long_iters steps, at the width where LEV's gap to tied is least in its favour (or
---long_width).
+evaluating at step 0 and --eval_points times after on a few val windows for its curve. Then the
+long runs: tied and lev, 2 seeds, --long_iters steps, at the width where LEV's gap to tied is
+least in its favour (or --long_width).
 
 A run is a folder under --out (w128-lev-s0, w384-lev-long-s0): one whose ckpt.pt is at its last
 step is not trained again, a killed one resumes from its last ckpt.pt (train.py --init_from=resume),
@@ -59,7 +59,8 @@ def parse_args(argv):
     p.add_argument("--max_iters", type=int, default=250, help="training steps of every run")
     p.add_argument("--long_iters", type=int, default=500, help="steps of the long runs; 0: none")
     p.add_argument("--long_width", type=int, default=0, help="their width; 0: LEV's worst")
-    p.add_argument("--eval_points", type=int, default=5, help="evaluations per run after step 0's (its curve)")
+    p.add_argument("--eval_points", type=int, default=5,
+                   help="evaluations per run after step 0's (its curve)")
     p.add_argument("--jobs", type=int, default=2, help="runs trained at once")
     p.add_argument("--report", action="store_true", help="train nothing: score and write")
     p.add_argument("--train_flags", default="", help="more train.py flags, space-separated")
