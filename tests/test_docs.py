@@ -29,3 +29,12 @@ def test_what_the_readme_install_makes_is_ignored():
 def test_the_readme_links_the_layout():
     readme = (Path(ROOT) / "README.md").read_text(encoding="utf-8")
     assert "(docs/layout.md)" in readme
+
+
+def test_no_placeholder_is_left_in_the_pages():
+    """A figure written in later (RESULT, TODO, TBD) must not land in place of the figure."""
+    pages = [Path(ROOT) / "README.md", *sorted((Path(ROOT) / "docs").glob("*.md"))]
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for word in ("RESULT", "TODO", "TBD", "XXX"):
+            assert word not in text, (page.name, word)
