@@ -36,7 +36,7 @@ from kernels.fast_paths import install_fast_paths
 from lab import checkpoints, cli, dataset, devices
 from lab.dataset import BUCKET_LOWER, BUCKETS, train_counts
 from leviathan import GPT, Config
-from train import read_checkpoint
+from train import check_same_tokens, read_checkpoint
 
 # --------------------------------------------------------------------------------------------------
 # The swap, the fit and its report
@@ -379,15 +379,8 @@ def read_train_split(args, source, path):
         raise ValueError(f"{path} names no dataset; give the one it was trained on, --dataset=NAME")
     folder = os.path.join(args.data_dir, name)
     meta = dataset.load_meta(folder)
-
-    def tokens(m):
-        return f"{m.get('tokenizer')} tokens (vocab_size {m.get('vocab_size')})"
-
-    trained, found = tokens(source["meta"]), tokens(meta)
-    if any(meta.get(k) != source["meta"].get(k) for k in ("tokenizer", "vocab_size", "chars")):
-        found += " of other characters" if found == trained else ""
-        raise ValueError(f"{path} was trained on {trained}, but {folder} has {found}; give a "
-                         f"dataset of RUN's tokens (--dataset, --data_dir)")
+    check_same_tokens(source["meta"], meta, path, folder,
+                      "give a dataset of RUN's tokens (--dataset, --data_dir)")
     return meta, dataset.load_split(folder, "train")
 
 
