@@ -258,7 +258,7 @@ def test_refusals_are_one_line(tmp_path, char_data, bpe_data, capsys, source, ru
         (lev_source, [], "is a lev model already: nothing to retrofit"),
         (tmp_path / "none", [], "no checkpoint at"),
         (tied, [f"--data_dir={bpe_data}", "--dataset=tiny_bpe"],
-         "was trained on char tokens (vocab_size 36), but"),
+         "was trained on char tokens (vocab_size 36), characters"),
         (tied, ["--dataset=missing"], "no prepared dataset in"),
         (tied, ["--fit_lr=0"], "--fit_lr=0.0 must be a finite number > 0"),
         (tied, ["--fit_lr=nan"], "--fit_lr=nan must be a finite number > 0"),
