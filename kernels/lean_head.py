@@ -236,8 +236,12 @@ class LazyLogits:
         self.autocast = autocast or (device, torch.get_autocast_dtype(device),
                                      torch.is_autocast_enabled(device))
         self.grad = torch.is_grad_enabled() if grad is None else grad
-        self.root = self if root is None else root  # the forward's logits, this one's base
+        self.base = root  # the forward's logits, of which this is a view; None: these are
         self.made_tensor, self.versions, self.notice = None, versions(x, weight), notice
+
+    @property
+    def root(self):  # (not stored as self: a reference cycle would keep made logits past the step)
+        return self if self.base is None else self.base
 
     @property
     def made(self):

@@ -387,3 +387,19 @@ def test_the_logits_made_in_training_say_so_once(capfd, monkeypatch):
     lean_and_plain()[3][0][0].softmax(-1)
     said = capfd.readouterr().err.splitlines()
     assert len(said) == 1 and "the lean head's logits were made in full ((2, 16, 61)" in said[0]
+
+
+def test_made_logits_are_freed_with_their_lazy_logits():
+    """No reference cycle: made logits go when the step's names go, not at the next collection
+    (a step's B x T x V logits kept into the next step would double its peak memory)."""
+    import gc
+    import weakref
+
+    _, _, _, [(lazy, _), _] = lean_and_plain()
+    made = weakref.ref(lazy.tensor())
+    gc.disable()
+    try:
+        del lazy
+        assert made() is None
+    finally:
+        gc.enable()
