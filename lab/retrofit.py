@@ -304,6 +304,8 @@ def parse_args(argv):
     p.add_argument("--fit_weights", default="counts", choices=FIT_WEIGHTS, help="how ids count "
                    "in the fit: counts (their training-split counts), seen (uniform over ids seen "
                    "in the training split), uniform (all ids)")
+    p.add_argument("--lev_from", default=None, metavar="PATH", help="start from this retrofit's "
+                   "LEV (its fit) instead of a new one: e.g. --fit_steps=0 and other tunings")
     p.add_argument("--tune_steps", type=int, default=0, help="after the fit, Adam steps training "
                    "LEV alone inside the model (backbone and head frozen) on windows of the "
                    "training split (0: none)")
@@ -393,6 +395,14 @@ def retrofitted(args):
     torch.manual_seed(args.seed)  # LEV's initialisation, as train.py's of a new model
     model = GPT(config)
     table = transplant(model, source["model"])
+    if args.lev_from:  # an earlier retrofit's LEV, of these settings, instead of a new one
+        lev_state, _ = read_checkpoint(args.lev_from)
+        try:
+            model.tok_emb.load_state_dict({k.removeprefix("tok_emb."): v for k, v in
+                                           lev_state["model"].items() if k.startswith("tok_emb.")})
+        except RuntimeError:
+            raise ValueError(f"--lev_from={args.lev_from} holds no LEV of these settings (lev_*) "
+                             f"and vocabulary; give a retrofit of RUN") from None
     install_fast_paths(model.to(device), lev=[FastEmbedder(), CompiledRecipe()])  # as train.py
     figures = retrofit(model.tok_emb, table, train_tokens, args.fit_steps, args.fit_lr,
                        args.fit_batch, args.fit_loss, args.fit_weights, args.log_interval,

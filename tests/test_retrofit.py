@@ -309,6 +309,17 @@ def test_tuning_trains_lev_alone_inside_the_model(tmp_path, char_data, source, f
     assert (tuned["retrofit"]["tune"]["steps"], tuned["retrofit"]["tune"]["target"]) == (30, target)
 
 
+def test_lev_from_starts_from_an_earlier_fit(tmp_path, char_data, source, fitted, run_cli):
+    out = tmp_path / "again.pt"
+    code, _, err = run_retrofit(run_cli, char_data, source, out, "--fit_steps=0",
+                                f"--lev_from={fitted}")
+    assert code == 0, err
+    assert all(torch.equal(v, load(fitted)["model"][k]) for k, v in load(out)["model"].items())
+    code, _, err = run_retrofit(run_cli, char_data, source, tmp_path / "bad.pt",
+                                f"--lev_from={source}")  # a tied run: no LEV
+    assert code == 2 and err.count("\n") == 1 and "holds no LEV of these settings" in err, err
+
+
 def test_a_fit_stopped_or_failed_writes_nothing(tmp_path, char_data, source, run_cli,
                                                 monkeypatch):
     """Ctrl-C during the fit stops in one line; a fit that diverges is refused in one line; after
