@@ -649,8 +649,8 @@ def resolve(s, explicit):
     if not resuming:
         s["out_dir"] = formatted_out_dir(s)  # a fine-tune's {embedding} is its source's
         s["lr_decay_iters"] = s["lr_decay_iters"] or s["max_iters"]  # fixed: a resume keeps it
-        source_dir = ckpt and os.path.dirname(os.path.realpath(path))  # the run read, unlinked
-        if ckpt and os.path.isdir(s["out_dir"]) and os.path.samefile(source_dir, s["out_dir"]):
+        if ckpt and os.path.isdir(s["out_dir"]) and os.path.samefile(  # the run read, unlinked
+                os.path.dirname(os.path.realpath(path)), s["out_dir"]):
             raise ValueError(f"out_dir={s['out_dir']} holds the checkpoint being fine-tuned "
                              f"({path}); fine-tune into another --out_dir (--overwrite cannot "
                              f"replace a run that is being read)")

@@ -36,7 +36,7 @@ from kernels.fast_paths import install_fast_paths
 from lab import checkpoints, cli, dataset, devices
 from lab.dataset import BUCKET_LOWER, BUCKETS, train_counts
 from leviathan import GPT, Config
-from train import check_same_tokens, read_checkpoint
+from train import check_same_tokens, get_batch, read_checkpoint
 
 # --------------------------------------------------------------------------------------------------
 # The swap, the fit and its report
@@ -220,15 +220,13 @@ def tune(model, teacher, train_tokens, table, weights, target="teacher", anchor=
     mean_square = weighted_mean_square(weights, table)
     optimizer = torch.optim.Adam(lev.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
-    data = torch.from_numpy(train_tokens.astype(np.int64))
     autocast = autocast or contextlib.nullcontext()
     t_log, since_log = time.time(), 0
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = fit_lr(step, steps, lr)
-        starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
-        windows = torch.stack([data[s:s + block_size + 1] for s in starts.tolist()])
-        X, Y = windows[:, :-1].to(table.device), windows[:, 1:].to(table.device)
+        starts = torch.randint(len(train_tokens) - block_size, (batch_size,), generator=generator)
+        X, Y = get_batch(train_tokens, starts.numpy(), block_size, table.device)
         with autocast:
             logits, text_loss = model(X, Y)  # (B, T, V)
             if target == "teacher":
