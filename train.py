@@ -31,8 +31,9 @@ import time
 
 
 def stopped_while_starting(signum, frame):
-    print("train.py: stopped (Ctrl-C) while starting; nothing was written", file=sys.stderr)
-    sys.exit(130)
+    print("train.py: stopped (Ctrl-C) while starting; nothing was written", file=sys.stderr,
+          flush=True)
+    os._exit(130)  # not SystemExit: raised inside torch's C++ import code, it aborts the process
 
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): that line, no traceback
